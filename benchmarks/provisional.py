@@ -57,7 +57,7 @@ class ProvisionalProof:
         """The denoiser calls a provisional proof makes to name its choice: the reference's, and
         one per candidate that could still win when its turn came (`fix_ranking.Pruning`, in
         `verification_order`, as the full proof prunes its own)."""
-        pruning = fix_ranking.Pruning(timed=False)
+        pruning = fix_ranking.Pruning(predicting=False)
         calls = dict(zip(map(id, self.rows), self.row_calls, strict=True))
         made = self.reference_calls
         for row in fix_ranking.verification_order(self.rows):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 
 import pytest
 import torch
@@ -31,13 +30,11 @@ COMPONENTS = ["text_encoder", "unet", "vae"]
 
 
 def _check(pipeline, measure_cost: bool):
-    with pytest.MonkeyPatch.context() as patched:
-        patched.setattr(timing, "RACE_MARGIN", math.inf)
-        return health.check_loaded(
-            loaded(pipeline),
-            CheckRequest(precision=FP16, device="cpu", size=64),
-            run=CheckRun(remember=False, measure_cost=measure_cost),
-        )
+    return health.check_loaded(
+        loaded(pipeline),
+        CheckRequest(precision=FP16, device="cpu", size=64),
+        run=CheckRun(remember=False, measure_cost=measure_cost),
+    )
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ model in fp16, are every family's contract: test_families.py.
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 
@@ -23,7 +22,6 @@ from app.core.health import stages
 from app.core.health.check import Headline
 from app.core.health.request import CheckRequest, CheckRun
 from app.core.health.words import flags
-from app.core.precision import PrecisionPlan
 from app.core.run import timing
 from app.core.settings import PrecisionSettings
 from tests.support.planted_sd import (
@@ -44,18 +42,14 @@ VAE_CHECK_PROGRESS: list[tuple[str, int, int]] = []
 
 @pytest.fixture(scope="module")
 def vae_report():
-    """One check of a model with an overflowing VAE, cost measured, shared by the report tests.
-    No candidate leaves the race (whether one would depends on this machine's fp16 and fp32
-    speeds): the tests below count every timing run; the race has its own."""
+    """One check of a model with an overflowing VAE, cost measured, shared by the report tests."""
     VAE_CHECK_PROGRESS.clear()
-    with pytest.MonkeyPatch.context() as patched:
-        patched.setattr(timing, "RACE_MARGIN", math.inf)
-        return health.check_loaded(
-            loaded(plant(build_tiny_sd_pipeline(), "vae")),
-            CheckRequest(precision=FP16, device="cpu", size=64),
-            run=CheckRun(remember=False, measure_cost=True),
-            on_progress=lambda *event: VAE_CHECK_PROGRESS.append(event),
-        )
+    return health.check_loaded(
+        loaded(plant(build_tiny_sd_pipeline(), "vae")),
+        CheckRequest(precision=FP16, device="cpu", size=64),
+        run=CheckRun(remember=False, measure_cost=True),
+        on_progress=lambda *event: VAE_CHECK_PROGRESS.append(event),
+    )
 
 
 def test_a_checks_long_phases_count_their_work(vae_report):
@@ -69,7 +63,8 @@ def test_a_checks_long_phases_count_their_work(vae_report):
     candidates = tried[0][0][1]
     assert candidates == len(tried) > 1
     assert [counts[0][0] for counts in tried] == list(range(candidates))
-    for stage in ("Measuring the fixes for the VAE", "Measuring the cost of the fix"):
+    assert not any(stage.startswith("Measuring the fixes") for stage in stages)  # never raced
+    for stage in ("Measuring the cost of the fix",):
         counts = stages[stage][1:]  # after the announcement, each timing run
         total = counts[-1][1]
         assert total > 1 and counts == [(done, total) for done in range(1, total + 1)], stage
@@ -87,17 +82,26 @@ def test_the_headline_comes_before_the_fixes_are_tried(vae_report):
 
 
 def test_measuring_skips_the_warm_ups_the_check_already_ran(vae_report):
-    """Every verified candidate ran to be verified, the tested plan in the first probe and the
-    fix's denoiser in the probe: only no-half still needs a warm-up run before it is timed."""
-    verified = sum(1 for c in vae_report.tried if c.verified)
+    """Every verified candidate ran to be verified, the fix's decode among them: only no-half
+    still needs a warm-up run before it is timed. Nothing but the fix's cost is timed; the
+    table's rows that are the same call (the fix, the VAE in fp32 as no-half runs it) take its
+    figures."""
+    verified = [c for c in vae_report.tried if c.verified]
     totals = {stage: total for stage, _, total in VAE_CHECK_PROGRESS}
     rounds = timing.COST_ROUNDS
-    # The verified candidates (alike in memory here: each could win) race before the fix is
-    # named; the table is completed after it with the baselines, as tested and no-half.
-    assert verified > 1
-    assert totals["Measuring the fixes for the VAE"] == verified * rounds
-    assert totals["Completing the table, timing the fixes for the VAE"] == 2 * rounds + 1
+    assert len(verified) > 1
+    assert not any(str(stage).endswith("the fixes for the VAE") for stage in totals)
     assert totals["Measuring the cost of the fix"] == 2 * rounds + 1
+    assert vae_report.work.timed_runs == 2 * rounds + 1
+    chosen = next(c for c in verified if c.chosen)
+    cost = vae_report.fix.cost
+    assert chosen.cost.step_ms == cost.fix.step_ms
+    fp32 = next(c for c in verified if c.kind == "component_fp32")
+    assert (
+        fp32.cost.step_ms
+        == cost.no_half.step_ms
+        == vae_report.fix.baselines["vae"]["no_half"].step_ms
+    )
 
 
 def test_timing_runs_leave_the_other_components_placed():
@@ -130,63 +134,6 @@ def test_timing_runs_leave_the_other_components_placed():
     # the UNet stays put for all the timed runs.
     assert len(set(unets[1:])) == 1 and len(unets) == 2 * timing.COST_ROUNDS + 1
     assert set(costs) == {"as_tested", "no_half"} and (costs["no_half"].step_ms or 0) > 0
-
-
-def test_a_candidate_left_far_behind_stops_being_timed():
-    """A candidate whose fastest run took more than RACE_MARGIN times the slowest run of the
-    fastest one is timed no more; the baselines (the tested plan, no-half) and the candidates
-    still in the race run every round, and the progress total shrinks to the runs made."""
-    from dataclasses import replace
-
-    from app.core.fixing.job_plans import no_half
-    from app.core.run.watchers import Stage
-
-    model = loaded(build_tiny_sd_pipeline())
-    plan = PrecisionPlan("cpu", {"text_encoder": "fp16", "unet": "fp16", "vae": "fp16"})
-    runner = stages.Runner(model, plan, 64, "a cat", 4, "euler")
-    # The VAE's time by its dtype, as on a device where fp16 is emulated: seconds per run.
-    seconds = {"fp16": 1.2, "bf16": 0.30, "fp32": 0.25}
-    made: list[str] = []
-
-    def decode(p, record):
-        made.append(p.dtypes["vae"])
-        return Stage(probes={}, seconds={"vae": seconds[p.dtypes["vae"]]}, output=None)
-
-    def vae_in(dtype):
-        return replace(plan, dtypes={**plan.dtypes, "vae": dtype})
-
-    plans = {"0": vae_in("fp16"), "1": vae_in("bf16"), "2": vae_in("fp32")}
-    plans |= {"as_tested": plan, "no_half": no_half(plan)}
-    counts: list[tuple[int, int]] = []
-    try:
-        costs = runner.timing.stage_costs(
-            "vae",
-            decode,
-            plans,
-            lambda done, total: counts.append((done, total)),
-            warm=["0", "1", "2", "as_tested"],
-            race=["0", "1", "2"],
-        )
-    finally:
-        runner.placed.release()
-    rounds = {label: cost.rounds for label, cost in costs.items()}
-    full = timing.COST_ROUNDS
-    assert rounds == {"0": 1, "1": full, "2": full, "as_tested": full, "no_half": full}
-    assert costs["0"].step_ms == 1200.0 and costs["0"].step_ms_range == (1200.0, 1200.0)
-    assert costs["2"].step_ms == 250.0
-    # One warm-up (no-half), then every plan once, then the four left for the other rounds.
-    assert len(made) == 1 + 5 + 4 * (full - 1)
-    assert [done for done, _ in counts] == list(range(1, len(made) + 1))
-    assert counts[-1] == (len(made), len(made)) and counts[0][1] == 1 + 5 * full
-
-
-def test_the_race_keeps_every_candidate_within_the_margin():
-    samples = {"a": [10.0, 12.0, 11.0], "b": [23.0], "c": [24.5, 30.0], "d": [25.0], "e": [49.0]}
-    # The leader is "a" (median 11), its slowest run 12: past 24 ms a candidate timed twice is
-    # out, one timed once only past 48 ms (one run can be slowed that much by other programs).
-    assert timing.left_behind(samples, ["a", "b", "c", "d", "e"]) == ["c", "e"]
-    assert timing.left_behind(samples, ["b", "c", "d"]) == []  # "b" leads: past 46 ms
-    assert timing.left_behind(samples, ["d"]) == []  # a race of one is no race
 
 
 def test_the_engine_sends_the_headline_as_a_warning_before_the_fix(tmp_path):
@@ -377,9 +324,8 @@ def test_markdown_report_names_the_layer_and_the_fix(vae_report):
     # The VAE went non-finite: its largest value is from the run that fixed it, and says so.
     row = next(line for line in text.splitlines() if line.startswith("| vae | fp16 |"))
     assert "(on the run that fixed it)" in row
-    # The fix that won the timing race (the VAE wider, its overflowing layers alone wider or
-    # clamped: which is faster depends on this machine and its load), as the flags to run it
-    # with; whichever won, they are the VAE's.
+    # The fix (the VAE's overflowing layer clamped: verified, holding no more memory and
+    # changing the fewest layers), as the flags to run it with: the VAE's.
     assert vae_report.fix is not None
     fix_flags = flags(vae_report.fix.settings)
     assert f"`{fix_flags}`" in text

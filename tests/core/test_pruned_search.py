@@ -1,11 +1,12 @@
 """The fix search that runs only the candidates that can still win (`fix_ranking.Pruning`) names
-the fix the full ranking names: over random tables of memory, verification and time against
-`rank_candidates` on every candidate, and bit for bit on the planted corpus against the search
-that runs every candidate to its end first, with one injected cost oracle."""
+the fix the full ranking names: over random tables of memory, layers, verification, predictions
+and times against `rank_candidates` on every candidate, and bit for bit on the planted corpus
+against the search that runs every candidate to its end first, with one injected cost oracle."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -24,10 +25,12 @@ from tests.support.tiny_models import build_tiny_sd_pipeline
 KINDS = [kind.name for kind in fix_candidates.FIX_KINDS]
 
 
-def _random_table(rng: random.Random, timed: bool) -> list[CandidateResult]:
+def _random_table(rng: random.Random, predicting: bool) -> list[CandidateResult]:
     """Candidates of distinct kinds in `FIX_KINDS` order (as `candidate_fixes` yields them),
-    each with a memory from a few values (ties, band edges), finite or not, a quality on
-    either side of the threshold, and with `timed` a median and range (overlapping or apart)."""
+    each with a memory from a few values (ties, band edges), layers changed from a few (ties),
+    finite or not, a quality on either side of the threshold, a time measured after the proof
+    (overlapping or apart: never a rank's), and with `predicting` a predicted step (apart or
+    inside the band, or none)."""
     kinds = sorted(rng.sample(KINDS, rng.randint(1, len(KINDS))), key=KINDS.index)
     if rng.random() < 0.2:
         kinds.append("unknown")  # a kind outside the table ranks after every known one
@@ -37,19 +40,24 @@ def _random_table(rng: random.Random, timed: bool) -> list[CandidateResult]:
         finite = rng.random() < 0.7
         quality = Quality(rng.choice([5.0, 19.9, 25.0, 40.0])) if finite else None
         cost = StageCost(memory)
-        if timed and finite:
+        if finite:
             ms = rng.choice([10.0, 10.5, 12.0, 20.0])
             spread = rng.choice([0.1, 1.0, 3.0])
             cost = StageCost(memory, ms, (ms - spread, ms + spread), 3)
-        table.append(CandidateResult("unet", kind, kind, {}, 0, finite, quality, cost))
+        if predicting and finite and rng.random() < 0.8:
+            predicted = rng.choice([5.0, 10.0, 10.5, 12.0, 20.0, 40.0])
+            cost = replace(cost, predicted_ms=predicted, predicted_error=rng.choice([0.0, 0.6]))
+        layers = rng.choice([0, 1, 2, 31])
+        table.append(
+            CandidateResult("unet", kind, kind, {}, 0, finite, quality, cost, layers_changed=layers)
+        )
     return table
 
 
-def _pruned_best(table: list[CandidateResult], timed: bool) -> CandidateResult | None:
+def _pruned_best(table: list[CandidateResult], predicting: bool) -> CandidateResult | None:
     """The search's way: in `verification_order`, each candidate that can still win run (its
-    row as measured), the others left; with `timed`, time only where it decides. The best of
-    what ran."""
-    pruning = Pruning(timed)
+    row as measured), the others left. The best of what ran."""
+    pruning = Pruning(predicting)
     ran = []
     for row in fix_ranking.verification_order(table):
         if pruning.could_win(row):
@@ -59,18 +67,18 @@ def _pruned_best(table: list[CandidateResult], timed: bool) -> CandidateResult |
     return ranked[0] if ranked and ranked[0].verified else None
 
 
-@pytest.mark.parametrize("timed", [False, True])
-def test_the_pruning_names_the_full_rankings_best_on_random_tables(timed):
-    rng = random.Random(20261126 + timed)
+@pytest.mark.parametrize("predicting", [False, True])
+def test_the_pruning_names_the_full_rankings_best_on_random_tables(predicting):
+    rng = random.Random(20261126 + predicting)
     skipped = 0
     for _ in range(5000):
-        table = _random_table(rng, timed)
+        table = _random_table(rng, predicting)
         ranked = fix_ranking.rank_candidates(table)
         best = ranked[0] if ranked and ranked[0].verified else None
-        assert _pruned_best(table, timed) is best, [
-            (r.kind, r.memory_mb(), r.verified, r.cost) for r in table
+        assert _pruned_best(table, predicting) is best, [
+            (r.kind, r.memory_mb(), r.layers_changed, r.verified, r.cost) for r in table
         ]
-        pruning = Pruning(timed)
+        pruning = Pruning(predicting)
         for row in fix_ranking.verification_order(table):
             skipped += not pruning.could_win(row)
             if pruning.could_win(row):
@@ -84,13 +92,48 @@ def test_a_candidate_past_the_memory_band_cannot_win():
         "unet", "component_fp32", "", {}, 0, True, Quality(40.0), StageCost(111.0)
     )
     later = CandidateResult("unet", "clamp", "", {}, 0, True, Quality(40.0), StageCost(100.0))
-    pruning = Pruning(timed=False)
+    pruning = Pruning(predicting=False)
     pruning.add(least)
     assert not pruning.could_win(wide)
-    assert not pruning.could_win(later)  # untimed, the table's order decides: islands first
-    timed = Pruning(timed=True)
-    timed.add(least)
-    assert timed.could_win(later) and not timed.could_win(wide)
+    assert not pruning.could_win(later)  # unpredicted, what each holds and changes decides
+    predicting = Pruning(predicting=True)
+    predicting.add(least)
+    assert predicting.could_win(later) and not predicting.could_win(wide)
+
+
+def test_a_time_measured_never_ranks_a_candidate():
+    """Two verified candidates alike in memory, the later in the table's order timed far
+    faster: the ranking keeps the one first in what each holds and changes; a prediction
+    apart beyond its band and error moves it."""
+    first = CandidateResult(
+        "unet",
+        "islands",
+        "",
+        {},
+        31,
+        True,
+        Quality(40.0),
+        StageCost(100.0, 30.0, (29.0, 31.0), 3),
+        layers_changed=31,
+    )
+    fast = CandidateResult(
+        "unet",
+        "component_bf16",
+        "",
+        {},
+        0,
+        True,
+        Quality(40.0),
+        StageCost(100.0, 5.0, (4.9, 5.1), 3),
+        layers_changed=200,
+    )
+    assert fix_ranking.rank_candidates([fast, first])[0] is first
+    assert fix_ranking.passed_over(fast, first) == "timed_faster"
+    predicted = [
+        replace(first, cost=replace(first.cost, predicted_ms=30.0, predicted_error=0.6)),
+        replace(fast, cost=replace(fast.cost, predicted_ms=5.0, predicted_error=0.6)),
+    ]
+    assert fix_ranking.rank_candidates(predicted)[0] is predicted[1]
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])

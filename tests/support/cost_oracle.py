@@ -48,7 +48,7 @@ def inject(patcher: pytest.MonkeyPatch, ms: Callable[..., float] | None = None) 
     def time_of(plan, component: str) -> float:
         return ms(plan, component) if ms is not None else oracle_ms(plan)
 
-    def stage_costs(self, name, stage_fn, plans, on_run=timing.no_runs, warm=(), race=()):
+    def stage_costs(self, name, stage_fn, plans, on_run=timing.no_runs, warm=()):
         for done, _ in enumerate(plans, start=1):
             on_run(done, len(plans))
         return {

@@ -215,7 +215,8 @@ class FixKind:
 
 
 # Every fix the check knows, in the order they are tried. Which one is chosen is measured
-# (`rank_candidates`: memory, then time); among fixes alike in cost this order decides:
+# (`rank_candidates`: memory, predictions apart, what each holds and changes); this order is the
+# last of those keys:
 # settings that change no weights, then layers kept wider (fp16's precision everywhere else),
 # then a whole component in bf16, then a clamp (its agreement with fp32 holds for the inputs it
 # was tested on; a precision change holds for any), then a whole component in fp32. None is

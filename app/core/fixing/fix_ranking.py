@@ -1,6 +1,8 @@
-"""Choosing among verified fixes: memory first, then time where it is measured
-(`rank_candidates`), the order candidates are verified in and which can no longer win
-(`Pruning`).
+"""Choosing among verified fixes without timing any (`rank_candidates`): memory first, then the
+predicted step where predictions are apart beyond their band, else what each costs the user that
+is known exactly (`band_order`: a clamp after a fix computing wider, the layers it changes, the
+`FIX_KINDS` order, the memory it holds); the order candidates are verified in (`cost_order`,
+memory first) and which can no longer win (`Pruning`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class CandidateResult:
     cost: StageCost | None = None  # None: not measured
     chosen: bool = False
     candidate: FixCandidate | None = None
+    # The layers whose precision the fix changes (every layer of a part it runs wider, those it
+    # keeps wider or clamps; none for a switch), known from its plan before a run.
+    layers_changed: int = 0
 
     @property
     def verified(self) -> bool:
@@ -107,58 +112,91 @@ def _timing(a: StageCost | None, b: StageCost | None) -> str:
     return "faster" if ma <= mb * MATERIALLY_FASTER else "margin"
 
 
-def _faster(a: StageCost | None, b: StageCost | None) -> bool:
-    """Whether `a` was measured faster than `b` beyond the noise (the ranges do not overlap)
-    and by a margin that matters (`MATERIALLY_FASTER`)."""
-    return _timing(a, b) == "faster"
-
-
 def passed_over(candidate: CandidateResult, chosen: CandidateResult) -> str:
     """Why `rank_candidates` chose `chosen` over the verified `candidate` (of the same
-    component): "memory" (it held more, past `MEMORY_TOLERANCE`), else its time against the
-    chosen one's (`_timing`): "slower", "noise", "margin", or "order" where it was faster yet
-    the ranking's walk through the table's order kept another (each rival is timed against the
-    best found before it)."""
+    component): "memory" (it held more, past `MEMORY_TOLERANCE`); "timed_faster" where both were
+    timed after the fix was proved and `candidate` ran a tenth faster beyond the noise (the fix
+    was chosen before anything was timed, and stays); else its time against the chosen one's,
+    timed where both were, else predicted (`_timing`): "slower", "noise", "margin", "order" where
+    predicted faster yet the ranking's walk kept another (each rival is weighed against the best
+    found before it); "cost_order" where nothing told the two apart, and what each holds, the
+    layers each changes and the table's order put the chosen one first (`cost_order`)."""
     least = chosen.memory_mb() or 0.0
     if (candidate.memory_mb() or 0.0) > least * (1 + MEMORY_TOLERANCE) + 1e-9:
         return "memory"
-    timing = _timing(candidate.cost, chosen.cost)
-    return "order" if timing == "faster" else timing
+    if _timed(candidate.cost) and _timed(chosen.cost):
+        timing = _timing(candidate.cost, chosen.cost)
+        return "timed_faster" if timing == "faster" else timing
+    predicted = _predicted(candidate.cost, chosen.cost)
+    if predicted is None:
+        return "cost_order"
+    return "order" if predicted == "faster" else predicted
+
+
+def timed_faster(candidate: CandidateResult, chosen: CandidateResult) -> bool:
+    """Whether the verified `candidate`, alike in memory to the `chosen` fix, was timed a tenth
+    faster than it beyond the noise after the fix was proved."""
+    return candidate.verified and passed_over(candidate, chosen) == "timed_faster"
+
+
+def _timed(cost: StageCost | None) -> bool:
+    return cost is not None and cost.step_ms is not None
 
 
 # How the fix is chosen among the verified candidates (`rank_candidates`), in the words every
 # rendering of the candidates' table uses.
 CHOSEN_WORDS = (
     "the verified one holding the least memory is chosen (within a tenth counts as alike); "
-    "among those alike, the first of a "
-    "switch, layers kept wider, the part in bf16, a clamp and the part in fp32, unless another "
-    "was a tenth faster beyond the noise, timed or predicted from its work beyond the "
-    "prediction's error"
+    "among those alike, one predicted a tenth faster from its work beyond the prediction's "
+    "error, else one computing wider before a clamp, then the one changing the fewest layers, "
+    "then the first of a switch, layers kept wider, the part in bf16 and the part in fp32; "
+    "nothing is timed before the fix is proved, and the times measured after it are shown "
+    "beside it"
 )
+
+
+def cost_order(result: CandidateResult) -> tuple[float, int, int]:
+    """What a candidate costs the user that is known before it runs, exactly: the memory its
+    plan holds, the layers it changes, its row in `FIX_KINDS` (a kind outside it last)."""
+    order = {k.name: i for i, k in enumerate(fix_candidates.FIX_KINDS)}
+    return (result.memory_mb() or 0.0, result.layers_changed, order.get(result.kind, 99))
+
+
+def band_order(result: CandidateResult) -> tuple[bool, int, int, float]:
+    """Among verified fixes alike in memory, what decides where no prediction does: a clamp
+    after every fix that computes wider (a clamp's agreement with fp32 holds for the inputs
+    tested, a wider layer's for any), then the layers it changes, its row in `FIX_KINDS`, and
+    the memory it holds."""
+    order = {k.name: i for i, k in enumerate(fix_candidates.FIX_KINDS)}
+    return (
+        result.kind == "clamp",
+        result.layers_changed,
+        order.get(result.kind, 99),
+        result.memory_mb() or 0.0,
+    )
 
 
 def rank_candidates(results: list[CandidateResult]) -> list[CandidateResult]:
     """Verified candidates, best first, then the rest (never a fix), by quality. The best is
-    found among the verified ones whose memory (peak where the device reports it, else
-    weights) is within `MEMORY_TOLERANCE` of the least: one measured faster beyond the noise
-    wins, otherwise the `FIX_KINDS` order decides. The other verified ones follow by memory."""
-    order = {k.name: i for i, k in enumerate(fix_candidates.FIX_KINDS)}
-
-    def memory(r: CandidateResult) -> float:
-        return r.memory_mb() or 0.0
-
-    verified = sorted(
-        (r for r in results if r.verified), key=lambda r: (memory(r), order.get(r.kind, 99))
-    )
+    found among the verified ones whose memory (the weights as a generation holds them) is
+    within `MEMORY_TOLERANCE` of the least, walked in `band_order`: one predicted faster than the
+    best so far beyond the band and the prediction's error (`_predicted`) takes its place; a
+    time measured never does (`passed_over` says where one was timed faster after). The other
+    verified ones follow in `cost_order`."""
+    verified = sorted((r for r in results if r.verified), key=cost_order)
     if verified:
-        least = memory(verified[0])
+        least = verified[0].memory_mb() or 0.0
         alike = sorted(
-            (r for r in verified if memory(r) <= least * (1 + MEMORY_TOLERANCE) + 1e-9),
-            key=lambda r: order.get(r.kind, 99),
+            (
+                r
+                for r in verified
+                if (r.memory_mb() or 0.0) <= least * (1 + MEMORY_TOLERANCE) + 1e-9
+            ),
+            key=band_order,
         )
         best = alike[0]
         for other in alike[1:]:
-            if _faster(other.cost, best.cost):
+            if _predicted(other.cost, best.cost) == "faster":
                 best = other
         verified.remove(best)
         verified.insert(0, best)
@@ -170,10 +208,9 @@ def rank_candidates(results: list[CandidateResult]) -> list[CandidateResult]:
 
 
 def verification_order(results: list[CandidateResult]) -> list[CandidateResult]:
-    """`results` (candidates not run yet, each with the memory its plan holds) in the order the
-    ranking prefers them before any is run: least memory first, then `FIX_KINDS` order."""
-    order = {k.name: i for i, k in enumerate(fix_candidates.FIX_KINDS)}
-    return sorted(results, key=lambda r: (r.memory_mb() or 0.0, order.get(r.kind, 99)))
+    """`results` (candidates not run yet, each with the memory its plan holds and the layers it
+    changes) in the order the ranking prefers them before any is run (`cost_order`)."""
+    return sorted(results, key=cost_order)
 
 
 class Pruning:
@@ -183,14 +220,15 @@ class Pruning:
 
     Run in that order, the first verified candidate holds the least memory of every verified
     one, so the band of memory alike to the least (`MEMORY_TOLERANCE`) is fixed by it: a
-    candidate past the band cannot win. Within it, with the time measured (`timed`) any one
-    may win by being faster; without it the first in `FIX_KINDS` order wins, so one after the
-    best so far cannot. This holds where the memory ranked is known before a run (the plan's,
-    `StageCost.memory_mb` of a row not timed yet); `tests/core/test_pruned_search.py` holds it
-    to the full ranking over random tables."""
+    candidate past the band cannot win. Within it, where steps are predicted (`predicting`) any
+    one may win by a prediction apart from the best's, known only once it ran; without
+    predictions `band_order` decides, so one in the band runs while it would come before the
+    best verified so far (a clamp verified first does not end the search). This holds where
+    the memory ranked is known before a run (the plan's, `StageCost.memory_mb`);
+    `tests/core/test_pruned_search.py` holds it to the full ranking over random tables."""
 
-    def __init__(self, timed: bool) -> None:
-        self.timed = timed
+    def __init__(self, predicting: bool) -> None:
+        self.predicting = predicting
         self.verified: list[CandidateResult] = []
 
     def add(self, result: CandidateResult) -> None:
@@ -204,11 +242,10 @@ class Pruning:
             return True
         if not _alike_in_memory(result, self.verified[0]):
             return False
-        if self.timed:
+        if self.predicting:
             return True
-        order = {k.name: i for i, k in enumerate(fix_candidates.FIX_KINDS)}
-        best = min(order.get(v.kind, 99) for v in self.verified)
-        return order.get(result.kind, 99) < best
+        alike = [r for r in self.verified if _alike_in_memory(r, self.verified[0])]
+        return band_order(result) < min(band_order(r) for r in alike)
 
 
 def _alike_in_memory(result: CandidateResult, least: CandidateResult) -> bool:

@@ -108,6 +108,19 @@ def price_fix(
     )
 
 
+def timed_as_checked(
+    pipeline, tested: PrecisionPlan, fixed: PrecisionPlan, cost: FixCost
+) -> dict[str, tuple[PrecisionPlan | None, StepCost]]:
+    """What `price_fix` timed, by label, with the plan each figure is the call of as the check
+    runs it: no-half as the check ran it, the fix's own plan where a generation places it as
+    the check did (else None: a copy the check's rows never ran)."""
+    from app.core.fixing.job_plans import no_half
+    from app.core.precision.placement import as_generated, memory_plan
+
+    same = memory_plan(pipeline, fixed) == memory_plan(pipeline, as_generated(fixed))
+    return {"fix": (fixed if same else None, cost.fix), "no_half": (no_half(tested), cost.no_half)}
+
+
 def held_otherwise(pipeline, plan: PrecisionPlan, name: str) -> bool:
     """Whether a generation would hold the part `name` (a pipeline name; the VAE's encoder is
     the VAE) otherwise than the check ran it under `plan`: a copy in the plan's dtype where the

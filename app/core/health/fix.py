@@ -1,10 +1,11 @@
 """The search for a fix of a component that went non-finite: its candidates
 (`fix_candidates.candidate_fixes`: backend switches, clamps, layer-level precision islands, the
 component wider) re-run on that component alone, judged finite or not and against the fp32
-reference, the verified ones timed on this device, the cheapest accepted
-(`fix_ranking.rank_candidates`): only those that can still win before the fix is named, the rest
-for the table after (`CandidateTable`); everything in fp32 as the last resort; the fix in one
-sentence."""
+reference, the cheapest accepted without timing any (`fix_ranking.rank_candidates`: memory,
+predicted steps where they are apart, else what each holds and changes): only those that can
+still win before the fix is named, the rest for the table after (`CandidateTable`); the rows
+that are the call the fix's cost timed take its figures (`take_timed`); everything in fp32 as
+the last resort; the fix in one sentence."""
 
 from __future__ import annotations
 
@@ -18,9 +19,8 @@ from app.core.components import words as component_words
 from app.core.errors import CancelledError
 from app.core.fixing import fix_candidates, fix_ranking
 from app.core.fixing.fix_candidates import FixCandidate, candidate_fixes
-from app.core.fixing.job_plans import no_half
 from app.core.fixing.quality import QUALITY_CEILING_DB, Quality, compare
-from app.core.fixing.stage_cost import StageCost
+from app.core.fixing.stage_cost import StageCost, StepCost
 from app.core.health import step_work
 from app.core.health.observations import Observations, component_report
 from app.core.health.stages import Runner
@@ -28,6 +28,7 @@ from app.core.jobs import CancelToken, ProgressCallback
 from app.core.memory import is_out_of_memory
 from app.core.precision import PrecisionPlan
 from app.core.precision.placement import generation_held_mb
+from app.core.run.timing import only
 from app.core.run.watchers import Stage, counted_module
 
 # Candidates that can no longer be ranked first are not run before the fix is named
@@ -46,6 +47,8 @@ class Search:
     rejected: list[str] = field(default_factory=list)  # finite but wrong: never a fix
     unfixed: list[str] = field(default_factory=list)
     candidates: list[fix_ranking.CandidateResult] = field(default_factory=list)  # ranked
+    # Per failing component, the baselines its rows are told against (no-half, where the fix's
+    # cost timed it on that component's call: `take_timed`).
     baselines: dict[str, dict[str, StageCost]] = field(default_factory=dict)
     # Per failing component, its candidates' table, finished after the fix is named.
     tables: list[CandidateTable] = field(default_factory=list)
@@ -57,14 +60,12 @@ class Search:
 
     def finish(self, progress: ProgressCallback, cancel: CancelToken) -> None:
         """Every table finished (`CandidateTable.finish`), in the order the components failed:
-        the ranked candidates, the baselines and the rejections, as a search that ran every
-        candidate before choosing gives them."""
+        the ranked candidates and the rejections, as a search that ran every candidate before
+        choosing gives them."""
         for table in self.tables:
             table.finish(progress, cancel)
             self.candidates.extend(table.ranked)
             self.rejected.extend(table.rejected())
-            if table.baselines:
-                self.baselines[table.name] = table.baselines
         self.tables.clear()
 
 
@@ -79,7 +80,6 @@ class _Entry:
     ran: bool = False
     failed_to_run: str | None = None
     retry: Stage | None = None
-    timed: bool = False
     observed_ms: float | None = None  # a call of the component in its verification run
 
 
@@ -87,8 +87,9 @@ class CandidateTable:
     """The candidate fixes of one failing component (`fix_candidates.FIX_KINDS`), verified in the
     order the ranking prefers them (`fix_ranking.verification_order`): those that can still win
     first (`fix_ranking.Pruning`), each stopped at its first non-finite call, and with
-    `measure_cost` those verified alike in memory timed against each other. The best is the
-    fix; `finish` then runs and times the rest for the table, after the fix is reported."""
+    `measure_cost` on a device whose steps are predicted, each verified one's step predicted
+    from its work. Nothing is timed. The best is the fix; `finish` then runs the rest for the
+    table, after the fix is reported."""
 
     def __init__(
         self,
@@ -110,10 +111,9 @@ class CandidateTable:
         self.measure_cost = measure_cost
         pipeline = runner.model.pipeline
         self.entries = [
-            _Entry(index, candidate, unrun_result(name, candidate, pipeline))
+            _Entry(index, candidate, unrun_result(name, candidate, pipeline, search.plan))
             for index, candidate in enumerate(candidates)
         ]
-        self.baselines: dict[str, StageCost] = {}
         self.ranked: list[fix_ranking.CandidateResult] = []
         self.tried = 0  # candidates run so far, for the progress line
         self.finishing = False  # the fix is named: the rest runs for the table alone
@@ -124,26 +124,17 @@ class CandidateTable:
         self.predicted: set[int] = set()  # the entries ranked by their predictions, counted
 
     def choose(self, progress: ProgressCallback, cancel: CancelToken) -> _Entry | None:
-        """Run the candidates that can still win, time those verified alike in memory, and
+        """Run the candidates that can still win, predict the steps of those verified, and
         return the best (None: nothing verified)."""
         by_result = {id(e.result): e for e in self.entries}
-        pruning = fix_ranking.Pruning(timed=self.measure_cost)
-        # A candidate's copy that holds little of its own is kept for its timing runs.
-        with self.runner.placed.keeping_variants():
-            for result in fix_ranking.verification_order([e.result for e in self.entries]):
-                entry = by_result[id(result)]
-                if PRUNE_CANDIDATES and not pruning.could_win(result):
-                    continue
-                self.run(entry, progress, cancel)
-                pruning.add(entry.result)
-            verified = [e for e in self.entries if e.ran and e.result.verified]
-            # Time decides only between two or more; a search that runs every candidate first
-            # times them all with the baselines at once. Those whose predictions tell the
-            # ranking's verdict against every rival are not timed (`needing_time`).
-            if self.measure_cost and verified and (len(verified) > 1 or not PRUNE_CANDIDATES):
-                timing = self.needing_time(verified)
-                if timing or not PRUNE_CANDIDATES:
-                    self.time(timing, progress, cancel, baselines=not PRUNE_CANDIDATES)
+        pruning = fix_ranking.Pruning(predicting=self.speed is not None)
+        for result in fix_ranking.verification_order([e.result for e in self.entries]):
+            entry = by_result[id(result)]
+            if PRUNE_CANDIDATES and not pruning.could_win(result):
+                continue
+            self.run(entry, progress, cancel)
+            pruning.add(entry.result)
+        self.predict_verified()
         ranked = fix_ranking.rank_candidates([e.result for e in self.entries if e.ran])
         if not ranked or not ranked[0].verified:
             return None
@@ -204,17 +195,22 @@ class CandidateTable:
             part = getattr(pipeline, module_of(self.name))
             self.flops = step_work.call_flops(part, self._counted(pipeline), caught) or {}
 
-    def predict(self, entries: list[_Entry]) -> None:
-        """Each of `entries` with its step predicted from the work at the device's rates
+    def predict_verified(self) -> None:
+        """Each verified entry with its step predicted from the work at the device's rates
         (`step_work.plan_seconds`) where the work explains enough of its observed call
-        (`step_work.EXPLAINED`), with the error measured on the device's kind."""
+        (`step_work.EXPLAINED`), with the error measured on the device's kind; each one
+        predicted is counted (`predicted_costs`)."""
+        from app.core import work
+
         if self.speed is None or not self.flops:
             return
         error = step_work.PREDICTION_ERROR[self.runner.device.type]
         pipeline = self.runner.model.pipeline
-        for entry in entries:
+        for entry in self.entries:
             cost, observed = entry.result.cost, entry.observed_ms
-            if cost is None or cost.predicted_ms is not None or not observed:
+            if not entry.result.verified or cost is None or cost.predicted_ms is not None:
+                continue
+            if not observed:
                 continue
             seconds = step_work.plan_seconds(
                 self.speed, self.flops, pipeline, entry.candidate.plan, module_of(self.name)
@@ -224,96 +220,24 @@ class CandidateTable:
             entry.result.cost = replace(
                 cost, predicted_ms=round(seconds * 1000, 2), predicted_error=error
             )
-
-    def needing_time(self, entries: list[_Entry]) -> list[_Entry]:
-        """Of the verified `entries`, those whose timing the ranking needs: each without a
-        prediction, and each whose prediction falls inside the ranking's band (a tenth, plus
-        the prediction's error) of a rival's alike in memory (`fix_ranking.predicted_apart`).
-        The others are ranked by their predictions, which tell what timing would, and counted
-        (`predicted_costs`)."""
-        from app.core import work
-
-        self.predict(entries)
-        least = min((e.result.memory_mb() or 0.0) for e in entries)
-        bound = least * (1 + fix_ranking.MEMORY_TOLERANCE) + 1e-9
-        alike = {e.index: e for e in entries if (e.result.memory_mb() or 0.0) <= bound}
-
-        def needs_time(entry: _Entry) -> bool:
-            cost = entry.result.cost
-            if cost is None or cost.predicted_ms is None:
-                return True
-            rivals = [o for i, o in alike.items() if i != entry.index]
-            return entry.index in alike and any(
-                not fix_ranking.predicted_apart(cost, o.result.cost) for o in rivals
-            )
-
-        timing = [e for e in entries if needs_time(e)]
-        timed = {e.index for e in timing}
-        ranked = [e.index for e in entries if e.index not in timed | self.predicted]
-        self.predicted.update(ranked)
-        work.add("predicted_costs", len(ranked))
-        return timing
-
-    def time(
-        self,
-        entries: list[_Entry],
-        progress: ProgressCallback,
-        cancel: CancelToken,
-        baselines: bool,
-    ) -> None:
-        """The `entries` (verified) timed against each other (`Timing.stage_costs`), and with
-        `baselines` the tested plan and no-half, which a fix's cost is told against."""
-        measuring = "Completing the table, timing" if self.finishing else "Measuring"
-        stage = f"{measuring} the fixes for the {component_words(self.name)}"
-        progress(stage, 0, 1)
-        plans = {f"{e.index}": e.candidate.plan for e in entries}
-        race = list(plans)
-        if baselines:
-            plans["as_tested"] = self.tested
-            plans["no_half"] = no_half(self.tested)
-
-        def measured(done: int, total: int) -> None:
-            cancel.raise_if_cancelled()
-            progress(stage, done, total)
-
-        # Each candidate's stage ran to verify it, and the tested plan's in the first probe:
-        # those runs were their warm-ups.
-        warm = [label for label in plans if label != "no_half"]
-        costs = self.runner.timing.stage_costs(
-            self.name, self.stage_fn, plans, measured, warm, race
-        )
-        for entry in entries:
-            before = entry.result.cost
-            entry.result.cost = replace(
-                costs[f"{entry.index}"],
-                predicted_ms=before.predicted_ms if before is not None else None,
-                predicted_error=before.predicted_error if before is not None else None,
-            )
-            entry.timed = True
-        if baselines:
-            self.baselines = {"as_tested": costs["as_tested"], "no_half": costs["no_half"]}
+            work.add("predicted_costs")
 
     def finish(self, progress: ProgressCallback, cancel: CancelToken) -> None:
         """The table as a search that ran every candidate gives it: the candidates the fix
-        needed no run of, run now; the verified ones not timed yet timed with the baselines;
-        every candidate ranked, the chosen one first."""
+        needed no run of, run now, the verified ones' steps predicted; every candidate ranked,
+        the chosen one first."""
         self.finishing = True
         for entry in self.entries:
             if not entry.ran:
                 self.run(entry, progress, cancel)
             entry.retry = None  # the fix's stage was handed on: nothing here needs one
-        untimed = [e for e in self.entries if e.result.verified and not e.timed]
-        if self.measure_cost and untimed:
-            verified = [e for e in self.entries if e.result.verified]
-            untimed = [e for e in self.needing_time(verified) if not e.timed]
-        if self.measure_cost and (untimed or (not self.baselines and self.has_verified)):
-            self.time(untimed, progress, cancel, baselines=True)
+        self.predict_verified()
         chosen = [e.result for e in self.entries if e.result.chosen]
         self.ranked = fix_ranking.rank_candidates(
             [e.result for e in self.entries if not e.failed_to_run]
         )
         # `fix_ranking.Pruning` ranks the fix first where the memory ranked is the plan's, known
-        # before a run; a device's measured peak is not, and the fix then still heads the table.
+        # before a run; were it not, the fix still heads the table.
         if chosen and self.ranked[0] is not chosen[0]:
             self.ranked.remove(chosen[0])
             self.ranked.insert(0, chosen[0])
@@ -336,8 +260,11 @@ class CandidateTable:
         return notes
 
 
-def unrun_result(name: str, candidate: FixCandidate, pipeline) -> fix_ranking.CandidateResult:
-    """A candidate's row before it runs: what it is and the memory its plan holds."""
+def unrun_result(
+    name: str, candidate: FixCandidate, pipeline, tested: PrecisionPlan
+) -> fix_ranking.CandidateResult:
+    """A candidate's row before it runs: what it is, the memory its plan holds and the layers
+    it changes from the `tested` plan."""
     return fix_ranking.CandidateResult(
         component=name,
         kind=candidate.kind,
@@ -349,7 +276,64 @@ def unrun_result(name: str, candidate: FixCandidate, pipeline) -> fix_ranking.Ca
         quality=None,
         cost=StageCost(round(generation_held_mb(pipeline, candidate.plan), 2)),
         candidate=candidate,
+        layers_changed=layers_changed(pipeline, name, tested, candidate.plan),
     )
+
+
+def layers_changed(pipeline, name: str, tested: PrecisionPlan, plan: PrecisionPlan) -> int:
+    """The layers of the failing component `name` (a pipeline name; the VAE's encoder is the
+    VAE) whose precision `plan` changes from the `tested` one: every layer holding weights where
+    the part runs in another dtype, else those it keeps in another dtype or clamps beyond the
+    tested plan's; none for a switch (attention, sums)."""
+    part = module_of(name)
+    module = getattr(pipeline, part, None)
+    if module is not None and plan.dtypes.get(part) != tested.dtypes.get(part):
+        return sum(1 for _, m in module.named_modules() if any(True for _ in m.parameters(False)))
+    islands, before = plan.islands(part), tested.islands(part)
+    kept = sum(1 for path, dtype in islands.items() if before.get(path) != dtype)
+    clamped = set(plan.clamps.get(part, ())) - set(tested.clamps.get(part, ()))
+    return kept + len(clamped)
+
+
+def take_timed(
+    search: Search,
+    name: str,
+    timed: dict[str, tuple[PrecisionPlan | None, StepCost]],
+) -> dict[str, StageCost]:
+    """The figures the fix's cost timed on the component `name`'s call (`timed`: label -> the
+    plan it ran as the check runs it, None where a generation places it otherwise, and its
+    cost) given to the rows of `name`'s table that are that same call: the chosen fix where it
+    is placed as it was timed, a candidate that runs the part as no-half does. Nothing is run;
+    the choice stays as it was. Returns the baselines of `name` (no-half), as the table shows
+    them."""
+    rows = [c for c in search.candidates if c.component == name and c.verified and c.candidate]
+    if not rows:
+        return {}
+    for plan, cost in timed.values():
+        if plan is None:
+            continue
+        for row in rows:
+            assert row.candidate is not None
+            if row.cost is None or row.cost.step_ms is not None:
+                continue
+            if only(row.candidate.plan, [name]) != only(plan, [name]):
+                continue
+            whole = row.candidate.plan == plan  # its peak too, else the part's call alone
+            row.cost = replace(
+                row.cost,
+                step_ms=cost.step_ms,
+                step_ms_range=cost.step_ms_range,
+                rounds=cost.rounds,
+                peak_memory_mb=cost.peak_memory_mb if whole else None,
+            )
+    if "no_half" not in timed:
+        return {}
+    _, cost = timed["no_half"]
+    return {
+        "no_half": StageCost(
+            cost.weights_mb, cost.step_ms, cost.step_ms_range, cost.rounds, cost.peak_memory_mb
+        )
+    }
 
 
 def choose_fix(

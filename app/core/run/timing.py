@@ -1,7 +1,8 @@
-"""Timing a step under several plans, for the cost of a fix and the candidates' table: a warm-up
-each, then `COST_ROUNDS` rounds alternating between the plans, so drift (clocks, caches, other
-load) hits every plan alike; candidates left far behind drop out of the race (`RACE_MARGIN`).
-`Timing` times through its runner's stages (`health.stages.Runner`), which it belongs to."""
+"""Timing a step under several plans, for the cost of a fix after it is proved: a warm-up each,
+then `COST_ROUNDS` rounds alternating between the plans, so drift (clocks, caches, other load)
+hits every plan alike. Nothing is timed before a fix is proved: the fix search ranks its
+candidates untimed (`fixing.fix_ranking`). `Timing` times through its runner's stages
+(`health.stages.Runner`), which it belongs to."""
 
 from __future__ import annotations
 
@@ -17,10 +18,6 @@ from app.core.precision.placement import generation_held_mb
 from app.core.run.watchers import Stage
 
 COST_ROUNDS = 3  # timed UNet steps per plan, alternating fix and no-half, after a warm-up each
-# A candidate fix whose fastest run so far took more than this many times the slowest run of
-# the fastest candidate is out of the race: its remaining rounds could not make it the
-# cheapest (`fix_ranking.rank_candidates` lets time decide only between ranges apart).
-RACE_MARGIN = 2.0
 
 # on_run(done, total): a timing run finished, `done` of the `total` a measurement makes.
 RunCallback = Callable[[int, int], None]
@@ -43,10 +40,6 @@ class _Runs:
     def one_more(self) -> None:
         self.done += 1
         self.on_run(self.done, self.total)
-
-    def fewer(self, runs: int) -> None:
-        """`runs` runs that were counted will not be made (a plan out of the race)."""
-        self.total -= runs
 
 
 class Timing:
@@ -78,20 +71,16 @@ class Timing:
         plans: dict[str, PrecisionPlan],
         on_run: RunCallback = no_runs,
         warm: Collection[str] = (),
-        race: Collection[str] = (),
     ) -> dict[str, StageCost]:
         """Time of one step of the component `name` (a denoiser step, a VAE decode, a prompt
         encode) under each plan, measured as `unet_step_costs` does. `warm`: the plans whose
         stage already ran in this check at this size (a candidate's verification, the first
-        probe), which need no warm-up. `race`: the plans that are candidates for the cheapest
-        (the others are baselines, timed every round); one left far behind stops being timed
-        (`RACE_MARGIN`), and its `rounds` says how often it was. `on_run(done, total)` follows
-        each run."""
+        probe), which need no warm-up. `on_run(done, total)` follows each run."""
 
         def seconds(plan: PrecisionPlan) -> float:  # a timed denoiser runs one step (`one_step`)
             return stage_fn(plan, False).seconds.get(name, 0.0)
 
-        samples, peaks = self._alternating(name, plans, seconds, warm, on_run, race)
+        samples, peaks = self._alternating(name, plans, seconds, warm, on_run)
         return {
             label: StageCost(
                 weights_mb=round(generation_held_mb(self.model.pipeline, plan), 2),
@@ -141,11 +130,9 @@ class Timing:
         seconds: Callable[[PrecisionPlan], float],
         warm: Collection[str],
         on_run: RunCallback,
-        race: Collection[str] = (),
     ) -> tuple[dict[str, list[float]], dict[str, float | None]]:
         """`seconds(plan)` of the component `name` under each plan, in milliseconds: a warm-up
-        each but the `warm` ones, then `COST_ROUNDS` rounds alternating between the plans; after
-        each round the `race` plans left behind (`left_behind`) drop out of the rounds after it.
+        each but the `warm` ones, then `COST_ROUNDS` rounds alternating between the plans.
 
         A plan's first run (its warm-up, or for a warm plan its first timed run) places the
         whole plan and gives its peak device memory; the runs after it place only `name`, whose
@@ -166,18 +153,14 @@ class Timing:
                     if label not in warm:
                         _, peaks[label] = self._with_peak(lambda plan=plan: seconds(plan))
                         runs.one_more()
-                timed = dict(plans)
-                for done in range(1, COST_ROUNDS + 1):
-                    for label, plan in timed.items():
+                for _ in range(COST_ROUNDS):
+                    for label, plan in plans.items():
                         if label in peaks:
                             taken = seconds(only(plan, [name]))
                         else:
                             taken, peaks[label] = self._with_peak(lambda plan=plan: seconds(plan))
                         runs.one_more()
                         samples[label].append(taken * 1000)
-                    for label in left_behind(samples, [r for r in race if r in timed]):
-                        del timed[label]
-                        runs.fewer(COST_ROUNDS - done)
                 return samples, peaks
         finally:
             self._runner.timing_now = timing
@@ -198,23 +181,6 @@ class Timing:
         torch.cuda.reset_peak_memory_stats(self.device)
         taken = run()
         return taken, torch.cuda.max_memory_allocated(self.device) / 2**20
-
-
-def left_behind(samples: dict[str, list[float]], racing: Collection[str]) -> list[str]:
-    """The `racing` plans whose fastest run took more than `RACE_MARGIN` times the slowest run
-    of the fastest of them (by median): more rounds could not make one of them the cheapest.
-    A plan timed once is left behind only past the square of that margin: one run can be slowed
-    that much by other programs, and a plan dropped on it would lose the choice of the fix to a
-    chance (its one run is a range of no width, which any candidate timed well beats)."""
-    if len(racing) < 2:
-        return []
-    leader = min(racing, key=lambda label: statistics.median(samples[label]))
-    bound = RACE_MARGIN * max(samples[leader])
-    return [
-        label
-        for label in racing
-        if min(samples[label]) > (bound if len(samples[label]) > 1 else bound * RACE_MARGIN)
-    ]
 
 
 def only(plan: PrecisionPlan, names: Collection[str]) -> PrecisionPlan:
