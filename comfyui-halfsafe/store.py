@@ -6,6 +6,7 @@ proved by either is found by both."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from .host import COMPONENT, PREFIX, device_name, diffusion_model, halfsafe_name, halfsafe_names
@@ -105,11 +106,13 @@ def _is_denoiser(component: str) -> bool:
     return _role(component) is Role.DENOISER
 
 
-def fix_settings(model, fix: dict) -> dict:
+def fix_settings(model, fix: dict, notes: list[str] | None = None) -> dict:
     """A proved fix's diffusion-model part as HalfSafe's settings: islands as
     `fp32_modules`/`bf16_modules` (COMPONENT:PATH in HalfSafe's names where the model has
-    them), a whole component as `unet_precision`, an attention switch as `attention_backend`
-    (`attention.SETTING`)."""
+    them: an SD UNet's through ComfyUI's own map, a transformer file's through its layout's
+    key table, `_layout_names`), a whole component as `unet_precision`, an attention switch as
+    `attention_backend` (`attention.SETTING`). Where HalfSafe's names hold the island in a
+    wider module, a sentence in `notes` says so."""
     from .attention import SETTING
 
     switch = {"attention_backend": SETTING[fix["attention"]]} if fix.get("attention") else {}
@@ -117,8 +120,19 @@ def fix_settings(model, fix: dict) -> dict:
         return {"unet_precision": fix["component"], **switch}
     module = diffusion_model(model)
     names = halfsafe_names(model)
-    settings: dict[str, list[str]] = {}
-    for path, dtype in fix.get("islands", {}).items():
+    islands = fix.get("islands") or {}
+    layout = None if names or not islands else _layout_names(model)
+    mapped = None if layout is None else _translated(islands, layout.to_diffusers)
+    settings: dict = {}
+    if mapped is not None and not mapped.missing:  # else kept in ComfyUI's names
+        if notes is not None:
+            notes.extend(_widened_words(mapped, "HalfSafe's app"))
+        if mapped.component:
+            settings["unet_precision"] = mapped.component
+        for path, dtype in mapped.islands.items():
+            settings.setdefault(f"{dtype}_modules", []).append(f"{TRANSFORMER}:{path}")
+        return {**settings, **switch}
+    for path, dtype in islands.items():
         named = halfsafe_name(names, module, path) or f"{PREFIX}.{path}"
         settings.setdefault(f"{dtype}_modules", []).append(f"{COMPONENT}:{named}")
     return {**settings, **switch}
@@ -156,6 +170,7 @@ def fix_from_settings(model, settings: dict, notes: list[str]) -> dict | None:
     if settings.get("unet_precision") in ("fp32", "bf16"):
         fix["component"] = settings["unet_precision"]
     paths = _comfy_paths(model)
+    theirs: dict[str, str] = {}  # layers named as ComfyUI does not: name -> dtype or "clamp"
     for key in MODULE_LISTS:
         for entry in settings.get(key) or []:
             component, _, named = str(entry).partition(":")
@@ -166,17 +181,168 @@ def fix_from_settings(model, settings: dict, notes: list[str]) -> dict | None:
                 if named.startswith(PREFIX + ".")
                 else paths.get(named)
             )
+            wanted = "clamp" if key == "clamp_modules" else key.removesuffix("_modules")
             if path is None:
-                notes.append(
-                    f"The remembered fix names {named}, a layer this model does not have: it "
-                    "is not used."
-                )
-                return None
-            if key == "clamp_modules":
+                held = theirs.get(named)
+                theirs[named] = wanted if held in (None, "clamp") else _wider(held, wanted)
+            elif key == "clamp_modules":
                 fix["clamps"].append(path)
             else:
-                fix["islands"][path] = key.removesuffix("_modules")
+                fix["islands"][path] = _wider(fix["islands"].get(path), wanted)
+    if theirs and not _from_layout(model, theirs, fix, notes):
+        return None
     return fix if fix["component"] or fix["islands"] or fix["clamps"] or fix["attention"] else None
+
+
+def _from_layout(model, theirs: dict[str, str], fix: dict, notes: list[str]) -> bool:
+    """Add to `fix` the layers a remembered fix names in diffusers' names (`theirs`: each
+    layer's dtype, or "clamp"), in ComfyUI's names through the key table of the layout
+    the model's file is in; False, with a sentence in `notes`, where one of them is not a layer
+    of this model (then the fix is not this model's), or is a clamp: a clamp holds a layer's
+    values to fp16's range for the code after it, which ComfyUI's layout computes with its own
+    code (the tiny Flux.1's query clamped in ComfyUI stays as wrong as without it)."""
+    layout = _layout_names(model)
+    module = diffusion_model(model)
+    clamps = [named for named, wanted in theirs.items() if wanted == "clamp"]
+    islands = {named: wanted for named, wanted in theirs.items() if wanted != "clamp"}
+    mapped = None if layout is None else _translated(islands, layout.to_original)
+    missing = list(islands) if mapped is None else list(mapped.missing)
+    if mapped is not None:
+        missing += [p for p in mapped.islands if not _has(module, p)]
+    if clamps and layout is not None:
+        notes.append(
+            f"The remembered fix clamps {clamps[0]}, proved with what HalfSafe's app computes "
+            "after that layer, which ComfyUI's code computes otherwise: it is not used. "
+            "HalfSafe Check proves a fix as ComfyUI runs the model."
+        )
+        return False
+    missing += clamps
+    if missing:
+        notes.append(
+            f"The remembered fix names {missing[0]}, a layer this model does not have: it is "
+            "not used."
+        )
+        return False
+    if mapped is not None:
+        notes.extend(_widened_words(mapped, "ComfyUI"))
+        _merged(fix["islands"], mapped.islands)
+        if mapped.component:
+            fix["component"] = _wider(fix["component"], mapped.component)
+            fix["islands"] = _beyond(fix["islands"], fix["component"])
+    return True
+
+
+def _has(module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+# --- a transformer file's layers in diffusers' names ------------------------------------------
+
+TRANSFORMER = "transformer"  # HalfSafe's component of a transformer file's model
+_WIDER = ("bf16", "fp32")  # the wider of two island dtypes is the later
+
+
+@dataclass
+class _Translated:
+    """Islands (path -> "fp32"|"bf16") in the other layout's names; the whole model's dtype
+    where one of them is held by no smaller module there; the layers the table does not map;
+    and each layer that the other layout computes only together with more beside it (its name
+    and the modules kept wider for it)."""
+
+    islands: dict[str, str]
+    component: str | None
+    missing: list[str]
+    widened: list[tuple[str, tuple[str, ...]]]
+
+
+def _layout_names(model):
+    """The names of this model's layers in diffusers' layout and its original one
+    (`layer_names.LayerNames`), where ComfyUI loaded it from a transformer file in a layout
+    HalfSafe reads and built its modules under that layout's names; else None."""
+    from app.core.checkpoint import Checkpoint
+    from app.core.errors import HalfSafeError
+    from app.core.formats.layer_names import LayerNames
+    from app.core.models.transformer_files import split_model
+
+    path = model_file(model)
+    if path is None:
+        return None
+    try:
+        with Checkpoint(path) as checkpoint:
+            read = split_model(path, checkpoint.shapes)
+    except (HalfSafeError, OSError, ValueError):
+        return None
+    if read is None:
+        return None
+    names = LayerNames(read.rows())
+    held = {path for path, _ in diffusion_model(model).named_modules()}
+    return names if names.original_layers <= held else None
+
+
+def _translated(islands: dict[str, str], mapping) -> _Translated | None:
+    """`islands` through `mapping` (`LayerNames.to_diffusers` or `to_original`), an island
+    the other layout holds only with more beside it in fp32; None where it maps none of
+    them."""
+    from app.core.formats.layer_names import WHOLE
+
+    found = _Translated({}, None, [], [])
+    for path, dtype in islands.items():
+        mapped = mapping(path)
+        if mapped is None:
+            found.missing.append(path)
+            continue
+        if mapped.widened:  # more layers than proved: in fp32, which keeps more than fp16
+            found.widened.append((path, mapped.paths))
+            dtype = "fp32"
+        if WHOLE in mapped.paths:
+            found.component = _wider(found.component, dtype)
+        else:
+            _merged(found.islands, dict.fromkeys(mapped.paths, dtype))
+    if found.component:
+        found.islands = _beyond(found.islands, found.component)
+    if len(found.missing) == len(islands):
+        return None
+    return found
+
+
+def _wider(one: str | None, other: str) -> str:
+    return other if one is None else max(one, other, key=_WIDER.index)
+
+
+def _beyond(islands: dict[str, str], component: str) -> dict[str, str]:
+    """The islands still wider than the whole model computing in `component`."""
+    return {p: d for p, d in islands.items() if _WIDER.index(d) > _WIDER.index(component)}
+
+
+def _merged(islands: dict[str, str], more: dict[str, str]) -> dict[str, str]:
+    """`islands` with `more` added (in place): a layer named twice, or inside another, is kept
+    in the wider dtype of the two, once, by its outermost module."""
+    for path, dtype in more.items():
+        islands[path] = _wider(islands.get(path), dtype)
+    for path in sorted(islands, key=len):
+        outer = next((o for o in islands if path.startswith(o + ".")), None)
+        if outer is not None:
+            islands[outer] = _wider(islands[outer], islands.pop(path))
+    return islands
+
+
+def _widened_words(mapped: _Translated, where: str) -> list[str]:
+    """One sentence for each layer `where` computes only with more beside it."""
+    from app.core.formats.layer_names import WHOLE
+
+    said = []
+    for path, paths in mapped.widened:
+        kept = "the whole diffusion model" if WHOLE in paths else ", ".join(paths)
+        said.append(
+            f"{where} computes {path} only together with more beside it: {kept} is kept in "
+            "fp32 for it, more than the proved fix and at least as close to fp32 (bf16 keeps "
+            "fewer digits than fp16, so more layers in bf16 would not be)."
+        )
+    return said
 
 
 def _comfy_paths(model) -> dict[str, str]:
@@ -321,7 +487,10 @@ def remember(model, fix: dict, summary: str, made_at: dict, notes: list[str], va
             notes.append(f"The fix is not remembered: {' '.join(said)}")
         else:
             place = wanted.setdefault((key, device_name(model)), _empty_entry())
-            _add(place, fix_settings(model, fix), summary, made_at, COMPONENT)
+            settings = fix_settings(model, fix, notes)
+            named = [e for k in MODULE_LISTS for e in settings.get(k, [])]
+            part = TRANSFORMER if any(e.startswith(TRANSFORMER + ":") for e in named) else COMPONENT
+            _add(place, settings, summary, made_at, part)
     if fix.get("vae") and vae is not None:
         said = []
         key = vae_key(vae, said)
@@ -367,7 +536,7 @@ def _store(key: str, device: str, entry: dict, notes: list[str]) -> None:
     made_at, parts = dict(entry["made_at"]), list(entry["parts"])
     held = profiles.lookup(key, device).fix
     for other in (COMPONENT, VAE_COMPONENT):
-        if held is None or other in parts:
+        if held is None or any(_role(p) is _role(other) for p in parts):
             continue
         kept = file_fixes.part_settings(held.settings, other)
         if kept:
