@@ -233,8 +233,9 @@ def test_installs_on_other_drives_are_found_by_candidates_not_walks(home, tmp_pa
         listed.append(Path(path))
         return real_scandir(path)
 
-    monkeypatch.setattr(os, "scandir", watched_scandir)
-    folders = library.default_model_folders()
+    with monkeypatch.context() as watching:  # only this call: the teardown lists folders too
+        watching.setattr(os, "scandir", watched_scandir)
+        folders = library.default_model_folders()
     assert d_drive / "stable-diffusion-webui" / "models" / "Stable-diffusion" in folders
     assert e_drive / "ComfyUI_windows_portable" / "ComfyUI" / "models" / "checkpoints" in folders
     # Each drive's root is listed once (for Forge's package names), nothing below it is.
