@@ -117,13 +117,18 @@ def provisional_proof(
             # under the full recorder to name its layer (`Runner.stopping_at_bad`).
             with runner.stopping_at_bad(name):
                 stage = runner.denoise(candidate.plan, conditioning, True, [timestep])
-            proof.rows.append(_row(runner, name, candidate, stage, reference))
+            proof.rows.append(_row(runner, name, candidate, stage, reference, tested))
             proof.row_calls.append(counted.calls_of(name) - before)
     return proof
 
 
 def _row(
-    runner: Runner, name: str, candidate: FixCandidate, stage: Stage, reference: Stage
+    runner: Runner,
+    name: str,
+    candidate: FixCandidate,
+    stage: Stage,
+    reference: Stage,
+    tested: PrecisionPlan,
 ) -> fix_ranking.CandidateResult:
     """A candidate's provisional row: its row before it runs (`fix.unrun_result`: its memory
     the plan's, as an untimed full proof ranks it), finite when nothing in its one call went
@@ -131,7 +136,7 @@ def _row(
     reference's."""
     finite = not stage.probes[name].non_finite
     return replace(
-        unrun_result(name, candidate, runner.model.pipeline),
+        unrun_result(name, candidate, runner.model.pipeline, tested),
         finite=finite,
         quality=compare(stage.output, reference.output) if finite else None,
     )

@@ -55,14 +55,14 @@ def start_comfy(comfy: Path) -> None:
     mm.should_use_fp16 = lambda *args, **kwargs: True  # compute in fp16 as on a GPU
 
 
-def write_tiny_unet(path: Path) -> Path:
+def write_tiny_unet(path: Path, config: dict | None = None) -> Path:
     import comfy.ops
     import torch
     from comfy.ldm.modules.diffusionmodules.openaimodel import UNetModel
     from safetensors.torch import save_file
 
     torch.manual_seed(0)
-    unet = UNetModel(**TINY_SD1, operations=comfy.ops.disable_weight_init)
+    unet = UNetModel(**(config or TINY_SD1), operations=comfy.ops.disable_weight_init)
     for module in unet.modules():  # ComfyUI's ops skip initialisation: torch's own here
         for kind in (torch.nn.Linear, torch.nn.Conv2d, torch.nn.GroupNorm, torch.nn.LayerNorm):
             if type(module).__mro__.__contains__(kind):

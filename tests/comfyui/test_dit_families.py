@@ -22,12 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.comfyui_env import COMFYUI, NEEDS_COMFYUI, PACKAGE, PYTHON
 from tests.support.comfyui_families import FAMILY_FILES
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "comfyui-halfsafe"
-COMFYUI = os.environ.get("HALFSAFE_COMFYUI", "")
-PYTHON = os.environ.get("HALFSAFE_COMFYUI_PYTHON", "")
 ZEROS = "No CLIP connected: the text was zeros of the model's own text width."
 FP16_UNET = {"qwenimage"}  # families ComfyUI computes in fp16 only when told to
 # ComfyUI's config class for each file (Z-Image is a Lumina 2 model with Z-Image's config).
@@ -42,13 +40,7 @@ CONFIGS = {
 # Chroma, Lumina's in Z-Image): the overflow gives a wrong picture, not a black one.
 HIDDEN = {"chroma", "zimage"}
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not (COMFYUI and PYTHON and Path(COMFYUI, "main.py").is_file()),
-        reason="no ComfyUI environment (HALFSAFE_COMFYUI, HALFSAFE_COMFYUI_PYTHON)",
-    ),
-]
+pytestmark = NEEDS_COMFYUI
 
 
 def write_files(family: str, folder: Path) -> tuple[Path, Path]:

@@ -21,21 +21,13 @@ from pathlib import Path
 import pytest
 
 from tests.support.comfyui_checkpoints import tiny_sd1_checkpoint
+from tests.support.comfyui_env import COMFYUI, NEEDS_COMFYUI, PACKAGE, PYTHON
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "comfyui-halfsafe"
-COMFYUI = os.environ.get("HALFSAFE_COMFYUI", "")
-PYTHON = os.environ.get("HALFSAFE_COMFYUI_PYTHON", "")
 ATTENTION = "diffusion_model.input_blocks.1.1.transformer_blocks.0.attn1"
 BROKEN = "attention_broken_build"
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not (COMFYUI and PYTHON and Path(COMFYUI, "main.py").is_file()),
-        reason="no ComfyUI environment (HALFSAFE_COMFYUI, HALFSAFE_COMFYUI_PYTHON)",
-    ),
-]
+pytestmark = NEEDS_COMFYUI
 
 
 @pytest.fixture(scope="module")

@@ -16,23 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.comfyui_env import COMFYUI, NEEDS_COMFYUI, PACKAGE, PYTHON
+
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "comfyui-halfsafe"
-COMFYUI = os.environ.get("HALFSAFE_COMFYUI", "")
-PYTHON = os.environ.get("HALFSAFE_COMFYUI_PYTHON", "")
 PLANTED = "cond_stage_model.gpt_oss.transformer.layers.0.self_attn.q_proj"
 FIRST_LINE = (
     "The text encoder stored in fp16, computing in fp16, one encode of the prompt "
     "'a photo of a cat'."
 )
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not (COMFYUI and PYTHON and Path(COMFYUI, "main.py").is_file()),
-        reason="no ComfyUI environment (HALFSAFE_COMFYUI, HALFSAFE_COMFYUI_PYTHON)",
-    ),
-]
+pytestmark = NEEDS_COMFYUI
 
 
 @pytest.fixture(scope="module")

@@ -18,23 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.comfyui_env import COMFYUI, NEEDS_COMFYUI, PACKAGE, PYTHON
+
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "comfyui-halfsafe"
-COMFYUI = os.environ.get("HALFSAFE_COMFYUI", "")
-PYTHON = os.environ.get("HALFSAFE_COMFYUI_PYTHON", "")
 FORMATS = ("scaled_fp8", "fp8", "int8", "int8_convrot")
 ATTENTION = "input_blocks.1.1.transformer_blocks.0.attn1"
 PLANTED = f"{ATTENTION}.to_q"  # no bias
 ATTENTION_OUT = f"{ATTENTION}.to_out.0"  # with a bias
 LOW_BIT_LAYERS = 40  # the Linear layers of the tiny UNet's transformer blocks
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not (COMFYUI and PYTHON and Path(COMFYUI, "main.py").is_file()),
-        reason="no ComfyUI environment (HALFSAFE_COMFYUI, HALFSAFE_COMFYUI_PYTHON)",
-    ),
-]
+pytestmark = NEEDS_COMFYUI
 
 
 @pytest.fixture(scope="module")

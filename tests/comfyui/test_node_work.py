@@ -6,26 +6,16 @@ loaded by ComfyUI's own checkpoint loader; the desktop checks it in fp16 as Comf
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from tests.support.comfyui_checkpoints import tiny_sd1_checkpoint
+from tests.support.comfyui_env import COMFYUI, NEEDS_COMFYUI, PYTHON
 from tests.support.desktop_check import desktop_check, environment
 
 ROOT = Path(__file__).resolve().parents[2]
-COMFYUI = os.environ.get("HALFSAFE_COMFYUI", "")
-PYTHON = os.environ.get("HALFSAFE_COMFYUI_PYTHON", "")
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not (COMFYUI and PYTHON and Path(COMFYUI, "main.py").is_file()),
-        reason="no ComfyUI environment (HALFSAFE_COMFYUI, HALFSAFE_COMFYUI_PYTHON)",
-    ),
-]
+pytestmark = NEEDS_COMFYUI
 
 
 def test_the_check_node_does_no_more_work_than_the_desktop_check(tmp_path):
@@ -52,6 +42,7 @@ def test_the_check_node_does_no_more_work_than_the_desktop_check(tmp_path):
     assert 0 < ours["placements"] <= theirs["placements"]
     # The report tells the same counts.
     each = ", ".join(f"{n} in {dtype}" for dtype, n in sorted(node_calls.items()))
-    assert f"The check ran the diffusion model {sum(node_calls.values())} times ({each})" in (
-        node["text"]
+    assert (
+        f"The check ran the diffusion model {sum(node_calls.values())} times ({each})"
+        in (node["text"])
     )

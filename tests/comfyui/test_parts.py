@@ -18,21 +18,13 @@ from pathlib import Path
 import pytest
 
 from tests.support.comfyui_checkpoints import tiny_sd1_checkpoint
+from tests.support.comfyui_env import COMFYUI, NEEDS_COMFYUI, PACKAGE, PYTHON
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "comfyui-halfsafe"
-COMFYUI = os.environ.get("HALFSAFE_COMFYUI", "")
-PYTHON = os.environ.get("HALFSAFE_COMFYUI_PYTHON", "")
 VAE_LAYER = "first_stage_model.decoder.up.1.block.0.conv1"
 VAE_ISLAND = "decoder.up.1.block.0"  # the resnet block around it: its output is back in range
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not (COMFYUI and PYTHON and Path(COMFYUI, "main.py").is_file()),
-        reason="no ComfyUI environment (HALFSAFE_COMFYUI, HALFSAFE_COMFYUI_PYTHON)",
-    ),
-]
+pytestmark = NEEDS_COMFYUI
 
 
 @pytest.fixture(scope="module")

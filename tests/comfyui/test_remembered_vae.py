@@ -15,26 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.comfyui.test_shared_store import (
-    COMFYUI,
-    PACKAGE,
-    PYTHON,
-    desktop_check,
-    environment,
-)
 from tests.support.comfyui_checkpoints import tiny_sd1_checkpoint
+from tests.support.comfyui_env import COMFYUI, NEEDS_COMFYUI, PACKAGE, PYTHON
+from tests.support.desktop_check import desktop_check, environment
 
 PLANTED_VAE = "first_stage_model.decoder.up.1.block.0.conv1.weight"
 VAE_ISLAND = "decoder.up.1.block.0"  # ComfyUI's name of the block the check keeps wider
 HALFSAFE_ISLAND = "vae:decoder.up_blocks.0.resnets.0"  # the same block in HalfSafe's names
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not (COMFYUI and PYTHON and Path(COMFYUI, "main.py").is_file()),
-        reason="no ComfyUI environment (HALFSAFE_COMFYUI, HALFSAFE_COMFYUI_PYTHON)",
-    ),
-]
+pytestmark = NEEDS_COMFYUI
 
 
 @pytest.fixture(scope="module")

@@ -18,21 +18,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.comfyui_env import COMFYUI, NEEDS_COMFYUI, PACKAGE, PYTHON
+
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "comfyui-halfsafe"
-COMFYUI = os.environ.get("HALFSAFE_COMFYUI", "")
-PYTHON = os.environ.get("HALFSAFE_COMFYUI_PYTHON", "")
 LAYER = "diffusion_model.input_blocks.1.1.transformer_blocks.0.attn1.to_q"
 ISLAND = "diffusion_model.input_blocks.1.1.transformer_blocks.0.attn1"
 START_S, RUN_S, STOP_S = 180, 240, 20
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not (COMFYUI and PYTHON and Path(COMFYUI, "main.py").is_file()),
-        reason="no ComfyUI environment (HALFSAFE_COMFYUI, HALFSAFE_COMFYUI_PYTHON)",
-    ),
-]
+pytestmark = NEEDS_COMFYUI
 
 WORKFLOW = {
     "1": {

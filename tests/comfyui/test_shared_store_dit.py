@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.comfyui.test_shared_store import COMFYUI, PACKAGE, PYTHON
+from tests.support.comfyui_env import COMFYUI, NEEDS_COMFYUI, PACKAGE, PYTHON
 from tests.support.desktop_check import desktop_check, environment
 
 # The desktop's layers and what ComfyUI keeps for them (HalfSafe's on the left). The attention
@@ -32,13 +32,7 @@ NOT_USED = "The remembered fix clamps transformer_blocks.0.attn.to_q"
 COMFY_BLOCK = "double_blocks.0"  # the island HalfSafe Check proves
 HALFSAFE_BLOCK = "transformer:transformer_blocks.0"  # the same block in HalfSafe's names
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not (COMFYUI and PYTHON and Path(COMFYUI, "main.py").is_file()),
-        reason="no ComfyUI environment (HALFSAFE_COMFYUI, HALFSAFE_COMFYUI_PYTHON)",
-    ),
-]
+pytestmark = NEEDS_COMFYUI
 
 
 @pytest.fixture(scope="module")

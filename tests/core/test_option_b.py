@@ -39,7 +39,7 @@ def _beside(model) -> tuple[HealthReport, list[dict]]:
 # goes non-finite stops at its first bad call).
 @pytest.mark.parametrize(
     ("planted", "provisional_calls", "full_calls"),
-    [("unet_ff", 1 + 1, 3 + 3), ("between_layers", 1 + 1 + 1, 3 + 1 + 3)],
+    [("unet_ff", 1 + 1 + 1, 3 + 1 + 3), ("between_layers", 1 + 1 + 1, 3 + 1 + 3)],
 )
 def test_it_agrees_with_the_full_proof_on_the_planted_unet(planted, provisional_calls, full_calls):
     """Each candidate passes or fails alike, the same fix is chosen, and naming it takes fewer
