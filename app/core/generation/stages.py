@@ -24,8 +24,10 @@ from app.core.images.pictures import Mode, Pictures, steps_run
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.lora.files import strip_tags
 from app.core.precision import PlacedPipeline, PrecisionPlan
+from app.core.run.host import Prompt
+from app.core.run.pipeline_host import PipelineHost
 from app.core.run.stage_run import StageRun, running
-from app.core.run.stages import Loop, Prompt, Stages
+from app.core.run.stages import Loop, Stages
 
 PREVIEWS_PER_IMAGE = 6
 
@@ -102,7 +104,8 @@ class JobStages:
         self.preview = preview
         self.cancel = cancel
         self.placed = PlacedPipeline(model.pipeline, plan, components=())  # placed per stage
-        self.stages = Stages(model, self.placed, device, pictures, self._stage, probing=False)
+        self.host = PipelineHost(model, self.placed, device)  # what the stages drive
+        self.stages = Stages(self.host, pictures, self._stage, probing=False)
         self.family = family_of(model.pipeline)
         self.do_cfg = request.cfg > 1.0
         self.repair_plan = plan  # every fix found so far, on top of the plan

@@ -422,9 +422,7 @@ class _Check:
         runner = self.runner
         self.progress("Checking the text encoder", 0, self.stages)
         self.cancel.raise_if_cancelled()
-        self.text_encoder_names = [
-            n for n in runner.family.text_encoders(self.model.pipeline) if n in self.plan.dtypes
-        ]
+        self.text_encoder_names = runner.host.text_encoders(self.plan)
         first = self.first_probe(lambda: runner.encode(self.plan))
         return self.settle(runner.encode, self.text_encoder_names, first)
 

@@ -109,7 +109,7 @@ class CandidateTable:
         self.runner = runner
         self.seen = seen
         self.measure_cost = measure_cost
-        pipeline = runner.model.pipeline
+        pipeline = runner.host.parts  # each component's loaded module, by its name
         self.entries = [
             _Entry(index, candidate, unrun_result(name, candidate, pipeline, search.plan))
             for index, candidate in enumerate(candidates)
@@ -178,11 +178,11 @@ class CandidateTable:
         until its work is counted; else nothing."""
         if self.speed is None:
             return nullcontext(None)
-        return step_work.first_call(type(self._counted(self.runner.model.pipeline)))
+        return step_work.first_call(type(self._counted()))
 
-    def _counted(self, pipeline):
-        """The module whose calls are the component's (`counted_module`) in `pipeline`."""
-        return counted_module(self.name, getattr(pipeline, module_of(self.name)))
+    def _counted(self):
+        """The module whose calls are the component's (`counted_module`) in the loaded one."""
+        return counted_module(self.name, self.runner.host.loaded(self.name))
 
     def observe(self, entry: _Entry, stage: Stage, caught) -> None:
         """The time a call of the component took in `entry`'s verification run, and the work
@@ -191,9 +191,8 @@ class CandidateTable:
             return
         entry.observed_ms = stage.seconds.get(self.name, 0.0) * 1000 / caught.calls
         if self.flops is None:
-            pipeline = self.runner.model.pipeline
-            part = getattr(pipeline, module_of(self.name))
-            self.flops = step_work.call_flops(part, self._counted(pipeline), caught) or {}
+            part = self.runner.host.loaded(self.name)
+            self.flops = step_work.call_flops(part, self._counted(), caught) or {}
 
     def predict_verified(self) -> None:
         """Each verified entry with its step predicted from the work at the device's rates
@@ -205,7 +204,7 @@ class CandidateTable:
         if self.speed is None or not self.flops:
             return
         error = step_work.PREDICTION_ERROR[self.runner.device.type]
-        pipeline = self.runner.model.pipeline
+        pipeline = self.runner.host.parts
         for entry in self.entries:
             cost, observed = entry.result.cost, entry.observed_ms
             if not entry.result.verified or cost is None or cost.predicted_ms is not None:
@@ -362,7 +361,7 @@ def choose_fix(
             module_of(name),  # the VAE's encoder is fixed by the VAE's fixes
             search.plan,
             first_bad,
-            getattr(runner.model.pipeline, module_of(name)),
+            runner.host.loaded(name),
             bf16_native,
             reference.probes.get(name),
         )

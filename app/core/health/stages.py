@@ -4,7 +4,11 @@ user's schedule with the CFG batch, the VAE decoding what that made. Each stage 
 `PrecisionPlan` as the shared stages call it (`run.stages.Stages`, composed), through the stage
 runner (`run.stage_run.running`), with every module watched (`probe.ActivationRecorder`) and
 its components timed; `Runner` also times a step under several plans, alternating, for the
-cost of a fix. `probe_run` is the three stages once, end to end."""
+cost of a fix. `probe_run` is the three stages once, end to end.
+
+The runner reaches the model through its host (`run.host.Host`): HalfSafe's placed pipeline by
+default (`run.pipeline_host.PipelineHost`), or any other host, whose text encoders, denoiser
+probe and decode it runs, records, stops, tells and descends alike (`probe_host`)."""
 
 from __future__ import annotations
 
@@ -14,16 +18,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.core.components import FP16_MAX, Role, in_run_order, module_of, of_role
+from app.core.components import FP16_MAX, Role, in_run_order, of_role
 from app.core.families import family_of
 from app.core.fixing.probe import ActivationRecorder, ProbeResult, descended
 from app.core.health.request import DEFAULT_PROMPT
 from app.core.images.pictures import Pictures
 from app.core.precision import PlacedPipeline, PrecisionPlan
+from app.core.run.host import Host, Prompt
+from app.core.run.pipeline_host import PipelineHost
 from app.core.run.stage_run import StageRun, running
-from app.core.run.stages import Call, Prompt, Stages
+from app.core.run.stages import Call, Stages
 from app.core.run.timing import Timing
-from app.core.run.watchers import ComponentTimer, Stage, Stop, all_finite, counted_module
+from app.core.run.watchers import ComponentTimer, Stage, Stop, all_finite
 from app.core.settings import FIELDS
 
 DEFAULT_STEPS = FIELDS["steps"].default
@@ -48,7 +54,9 @@ FindingCallback = Callable[[str, ProbeResult], None]
 
 
 class Runner:
-    """Runs the check's three stages under any plan, on one PlacedPipeline."""
+    """Runs the check's three stages under any plan, on one host: `model`'s placed pipeline
+    (a `PlacedPipeline`), or `host` where given (`model` None: its stages that read a pipeline,
+    the prompt upsampler's and the VAE's encoder's, and the cost's timed runs, are not run)."""
 
     def __init__(
         self,
@@ -61,15 +69,22 @@ class Runner:
         pictures: Pictures | None = None,
         *,
         clip_skip: int = 1,
+        host: Host | None = None,
     ) -> None:
         import torch
 
         self.model = model
         self.pictures = pictures  # the input picture (and mask) at the probe's size, if any
-        self.placed = PlacedPipeline(model.pipeline, plan, components=())  # placed per stage
-        self.device = torch.device(plan.device)
+        if host is None:
+            placed = PlacedPipeline(model.pipeline, plan, components=())  # placed per stage
+            host = PipelineHost(model, placed, torch.device(plan.device))
+        self.host: Host = host
+        # HalfSafe's pipeline placed and its family (None on another host).
+        self.placed: Any = getattr(host, "placed", None)
+        self.family: Any = getattr(host, "family", None)
+        self.device = host.device
         # The stages, written once for the check and generation, each run watched here.
-        self.stages = Stages(model, self.placed, self.device, pictures, self._watch, probing=True)
+        self.stages = Stages(host, pictures, self._watch, probing=True)
         # The VAE's stages are the shared ones as they are (the check picks no input of them):
         # its decode and its encoder reading the input or the enlarged picture.
         self.encode_picture = self.stages.encode_picture
@@ -77,8 +92,7 @@ class Runner:
         self.size = size
         self.prompt = prompt
         self.clip_skip = clip_skip  # A1111's "Clip skip" the prompt is read at
-        self.family = family_of(model.pipeline)
-        self.timesteps = probe_timesteps(model, steps, scheduler, size)
+        self.timesteps = host.probe_timesteps(steps, scheduler, size)
         # The latents the denoiser reads in its sequence beside the noise (an edit's
         # references, or an inpainted picture read so), once the VAE's encoder made them.
         self.references: list[Any] | None = None
@@ -182,7 +196,7 @@ class Runner:
         )
         if not lean:
             return stage
-        wider = [n for n in names if plan.dtypes.get(module_of(n)) != "fp16"]
+        wider = [n for n in names if self.host.compute_dtype(n, plan) != "fp16"]
         if any(stage.probes[n].non_finite for n in names):
             if not candidate:
                 return self._descend(plan, names, run, stage)
@@ -314,14 +328,15 @@ def _watchers(
 ) -> tuple[dict[str, ActivationRecorder], dict[str, ComponentTimer], Stop]:
     """`_run_stage`'s watchers of its placed components, in the order their hooks run (the
     recorders, the timers, the stop), each leaving with the stage."""
+    host = runner.host
     recorders = (
         {
             n: stage.watching(
                 ActivationRecorder(
-                    runner.placed[n],
+                    host.placed[n],
                     lean=recorder == "lean",
-                    calls_of=counted_module(n, runner.placed[n]),
-                    scores=recorder == "full" or plan.dtypes[module_of(n)] != "fp16",
+                    calls_of=host.counted(n),
+                    scores=recorder == "full" or host.compute_dtype(n, plan) != "fp16",
                 )
             )
             for n in names
@@ -332,9 +347,9 @@ def _watchers(
     timers = {
         n: ComponentTimer(
             stage.hooks,
-            counted_module(n, runner.placed[n]),
+            host.counted(n),
             runner.device,
-            plan.dtypes[module_of(n)],
+            host.compute_dtype(n, plan) or "",
             n,
             recorder=recorder,
             timed=runner.timing_now,
@@ -352,7 +367,7 @@ def _watchers(
                     tell(name, probe)
 
         on_call, on_bad = (None, told) if tell_at_bad else (told, None)
-    first = counted_module(names[0], runner.placed[names[0]])
+    first = host.counted(names[0])
     stop = Stop(stage.hooks, first, stop_after, until_bad, on_call, on_bad)
     return recorders, timers, stop
 
@@ -412,6 +427,25 @@ def probe_run(
     recording every module; the device copies are released at the end. Runs on the calling
     thread."""
     runner = Runner(model, plan, size, prompt, steps, scheduler, clip_skip=clip_skip)
+    return _probed(runner, plan)
+
+
+def probe_host(
+    host: Host,
+    plan: PrecisionPlan,
+    *,
+    size: int,
+    steps: int = DEFAULT_STEPS,
+    scheduler: str = DEFAULT_SCHEDULER,
+    prompt: str = DEFAULT_PROMPT,
+) -> ProbeRun:
+    """`probe_run` over any host (`run.host.Host`): its text encoders, its denoiser at the
+    probe's timesteps and its decode, once under `plan`, every module recorded."""
+    return _probed(Runner(None, plan, size, prompt, steps, scheduler, host=host), plan)
+
+
+def _probed(runner: Runner, plan: PrecisionPlan) -> ProbeRun:
+    """The probe's stages run once by `runner`, its placements taken off at the end."""
     upsampler = of_role(plan.dtypes, Role.PROMPT_UPSAMPLER)
     try:
         upsampled = runner.upsample(plan).probes if upsampler else {}

@@ -6,7 +6,12 @@ steps, `denoise_probe`, or a generation's loop, `denoise_loop`) and the VAE's de
 
 What a stage calls is written here; how it is watched is its composer's: each stage hands its
 call to the `StageRunner` it was given (the check's records, descends and tells; a generation
-records a failing part's layers), which runs it on a `stage_run.StageRun` under the plan."""
+records a failing part's layers), which runs it on a `stage_run.StageRun` under the plan.
+
+The text encoders, the denoiser's probe and the decode reach the model through its host alone
+(`host.Host`: HalfSafe's placed pipelines, `pipeline_host.PipelineHost`, or any other); the
+prompt upsampler, the VAE's encoder and a generation's loop read HalfSafe's pipeline (its
+host's `model`, `placed` and `family`)."""
 
 from __future__ import annotations
 
@@ -17,10 +22,10 @@ from typing import Any, Protocol
 
 from app.core import samplers
 from app.core.components import Role, of_role
-from app.core.encoders.prompts import clip_options
-from app.core.families import capabilities, family_of
+from app.core.families import capabilities
 from app.core.images.pictures import Mode, Pictures, steps_run
 from app.core.run import pictures as picture_parts
+from app.core.run.host import Host, Prompt
 from app.core.run.stage_run import StageRun, running
 
 # A stage's call: what it runs on the stage's placed components (its `StageRun`).
@@ -35,17 +40,6 @@ class StageRunner(Protocol):
     def __call__(
         self, plan, names: list[str], call: Call, /, record: Any = None, calls: int = 1
     ) -> Any: ...
-
-
-@dataclass
-class Prompt:
-    """What the text encoders read: the prompt, the negative prompt, whether guidance takes
-    both (classifier-free guidance), and AUTOMATIC1111's clip skip."""
-
-    text: str
-    negative: str = ""
-    guidance: bool = True
-    clip_skip: int = 1
 
 
 def _no_step(pipe, index: int, latents, steps: int) -> None:
@@ -77,26 +71,27 @@ class Loop:
 
 
 class Stages:
-    """The stages of one job on one `PlacedPipeline`, run through the composer's `run_stage`.
-    `probing`: the check's reading of an edit's references (at the probe's cost) rather than
-    the pipeline's. `enlarged`: a hires fix's enlarged picture that the VAE's encoder reads
-    where the job has no input picture (the check's; a generation hands its own `pixels`)."""
+    """The stages of one job on one `host` (`host.Host`), run through the composer's
+    `run_stage`. `probing`: the check's reading of an edit's references (at the probe's cost)
+    rather than the pipeline's. `enlarged`: a hires fix's enlarged picture that the VAE's
+    encoder reads where the job has no input picture (the check's; a generation hands its own
+    `pixels`)."""
 
     def __init__(
         self,
-        model,
-        placed,
-        device,
+        host: Host,
         pictures: Pictures | None,
         run_stage: StageRunner,
         *,
         probing: bool,
     ) -> None:
-        self.model = model
-        self.placed = placed
-        self.device = device
+        self.host = host
+        self.device = host.device
         self.pictures = pictures
-        self.family = family_of(model.pipeline)
+        # What the stages a pipeline alone runs read (`PipelineHost`'s): None on other hosts.
+        self.model: Any = getattr(host, "model", None)
+        self.placed: Any = getattr(host, "placed", None)
+        self.family: Any = getattr(host, "family", None)
         self.probing = probing
         self.enlarged: Any = None
         self._run = run_stage
@@ -112,8 +107,8 @@ class Stages:
         return self.pictures.references if self.pictures is not None and self.editing else ()
 
     def text_encoders(self, plan) -> list[str]:
-        """The text encoders the plan places, in the family's order."""
-        return [n for n in self.family.text_encoders(self.model.pipeline) if n in plan.dtypes]
+        """The text encoders the plan places, in the host's order."""
+        return self.host.text_encoders(plan)
 
     def upsample(
         self, plan, prompt: str, tokens: int | None = None, forced=None, record: Any = None
@@ -144,23 +139,7 @@ class Stages:
         names = self.text_encoders(plan)
 
         def call(stage: StageRun):
-            if self.editing:
-                return capabilities.editing(self.family).encode_edit(
-                    stage.pipe,
-                    prompt.text,
-                    prompt.negative,
-                    self.device,
-                    prompt.guidance,
-                    self._references,
-                )
-            return self.family.encode(
-                stage.pipe,
-                prompt.text,
-                prompt.negative,
-                self.device,
-                prompt.guidance,
-                **clip_options(prompt.clip_skip),
-            )
+            return self.host.encode(stage, prompt, self._references if self.editing else None)
 
         watched = call if around is None else lambda stage: around(stage, names, call)
         return self._run(plan, names, watched, record)
@@ -207,20 +186,15 @@ class Stages:
         VAE's encoder made them (an edit, an inpainting read so)."""
 
         def call(stage: StageRun):
-            pipe = stage.pipe
-            if references is not None:
-                return capabilities.editing(self.family).probe_edit(
-                    pipe, conditioning, size, self.device, timesteps, references
-                )
-            return self.family.probe_denoise(pipe, conditioning, size, self.device, timesteps)
+            return self.host.denoise(stage, conditioning, size, timesteps, references)
 
-        return self._run(plan, [self.family.denoiser], call, record, calls=len(timesteps))
+        return self._run(plan, [self.host.denoiser], call, record, calls=len(timesteps))
 
     def decode(self, plan, latents, record: Any = None) -> Any:
         """The VAE decoding `latents` (B, C, h, w): pixels (B, C, H, W) in [-1, 1]."""
 
         def call(stage: StageRun):
-            return self.family.decode(self.placed["vae"], latents)
+            return self.host.decode(stage, latents)
 
         return self._run(plan, ["vae"], call, record)
 
