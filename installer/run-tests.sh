@@ -110,7 +110,9 @@ bf16_dependent=()
 for name in hardware gpu_command selftest precision autocast islands health verdicts causes \
   generation explain explain_lora profiles cli families pictures edit intermittent \
   memory_budget streaming vae_tiling advice golden_reports; do
-  [ -f "tests/core/test_$name.py" ] && bf16_dependent+=("tests/core/test_$name.py")
+  for folder in tests/core tests/unit; do
+    [ -f "$folder/test_$name.py" ] && bf16_dependent+=("$folder/test_$name.py")
+  done
 done
 say "the bf16-dependent core tests again as on a CPU without native bf16 (HALFSAFE_CPU_BF16=emulated)"
 set +e

@@ -7,6 +7,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 # The folders HalfSafe and the hub read, each pointed away from the user's own.
 _FOLDERS = (
@@ -85,3 +86,15 @@ def no_dtype_table(monkeypatch):
     from app.core.health import step_work
 
     monkeypatch.setattr(step_work, "device_speed", lambda device: None)
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """An empty home folder of the test's own (HOME, USERPROFILE), with its data folder under
+    it (XDG_DATA_HOME), where model folders and explained images are laid out."""
+    home = tmp_path / "home"
+    home.mkdir()
+    for var in ("HOME", "USERPROFILE"):
+        monkeypatch.setenv(var, str(home))
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
+    return home

@@ -1,4 +1,4 @@
-"""Core tests: a home folder of their own (`home`), and a stage runs only the components it placed.
+"""Integration tests: a stage runs only the components it placed.
 
 `PlacedPipeline` places one stage's components at a time; a stage that ran another component
 would run it as loaded (in its stored dtype, on the CPU), which on a CPU gives no error, only a
@@ -7,21 +7,7 @@ out without placing it raises the moment any of its layers runs."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    """An empty home folder of the test's own (HOME, USERPROFILE), with its data folder under
-    it (XDG_DATA_HOME), where model folders and explained images are laid out."""
-    home = tmp_path / "home"
-    home.mkdir()
-    for var in ("HOME", "USERPROFILE"):
-        monkeypatch.setenv(var, str(home))
-    monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
-    return home
 
 
 class UnplacedComponentRan(AssertionError):

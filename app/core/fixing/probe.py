@@ -43,7 +43,7 @@ def float_tensors(value: Any) -> Iterable[Any]:
 
 def extremes(tensor) -> list[Any]:
     """One fused reduction of `tensor`: 0-d device tensors whose largest magnitude is max |x|,
-    NaN where it holds a NaN and inf where it holds an inf (`tests/core/test_probe.py` holds it
+    NaN where it holds a NaN and inf where it holds an inf (`tests/unit/test_probe.py` holds it
     to a result computed element by element, on the CPU and on CUDA).
 
     On CUDA the infinity norm accumulated in fp32, one kernel (on an H200 the recorder cost
