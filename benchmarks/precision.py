@@ -140,7 +140,7 @@ def bench_model_choices(name: str, args) -> dict:
         run["watch"] = watch
 
     def decode(run) -> None:
-        run["job"].decode(run["plan"], run["latents"])
+        run["job"].decoded(run["plan"], run["latents"])
 
     with status(f"{name}: warm-up and peak memory of {len(runs)} choices at {size} px"):
         for run in runs.values():
