@@ -10,14 +10,13 @@ Needs HALFSAFE_COMFYUI and HALFSAFE_COMFYUI_PYTHON, as test_nodes.py; skipped wi
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.support.comfyui_checkpoints import tiny_sd1_checkpoint
-from tests.support.comfyui_env import COMFYUI, NEEDS_COMFYUI, PACKAGE, PYTHON
-from tests.support.desktop_check import desktop_check, environment
+from tests.support.comfyui_env import NEEDS_COMFYUI, run_driver
+from tests.support.desktop_check import desktop_check
 
 PLANTED_VAE = "first_stage_model.decoder.up.1.block.0.conv1.weight"
 VAE_ISLAND = "decoder.up.1.block.0"  # ComfyUI's name of the block the check keeps wider
@@ -44,17 +43,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
 
 
 def in_comfyui(files: dict[str, Path], vae: Path, home: Path, action: str) -> dict:
-    done = subprocess.run(
-        [PYTHON, str(Path(__file__).with_name("drive_remembered.py")), COMFYUI, str(PACKAGE)]
-        + [str(files["checkpoint"]), str(vae), action],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=environment(home),
-        cwd=home,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_driver("drive_remembered.py", [str(files["checkpoint"]), str(vae), action], home)
 
 
 @pytest.mark.parametrize("carrier", ["checkpoint", "vae"], ids=["checkpoint_vae", "vae_file"])

@@ -11,15 +11,13 @@ not asked to load: its text encoders have fixed full-size configs)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.support.comfyui_checkpoints import PLANTED, tiny_sd1_checkpoint
-from tests.support.comfyui_env import COMFYUI, NEEDS_COMFYUI, PACKAGE, PYTHON
-from tests.support.desktop_check import desktop_check, environment
+from tests.support.comfyui_env import NEEDS_COMFYUI, run_driver
+from tests.support.desktop_check import desktop_check
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where the planted region sits in ComfyUI's names (HalfSafe's on the left).
@@ -34,17 +32,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def in_comfyui(checkpoint: Path, home: Path, action: str) -> dict:
-    done = subprocess.run(
-        [PYTHON, str(Path(__file__).with_name("drive_store.py")), COMFYUI, str(PACKAGE)]
-        + [str(checkpoint), action],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=environment(home),
-        cwd=home,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_driver("drive_store.py", [str(checkpoint), action], home)
 
 
 def comfy_path(entry: str) -> str:

@@ -13,13 +13,12 @@ them. Needs HALFSAFE_COMFYUI and HALFSAFE_COMFYUI_PYTHON, as test_nodes.py."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.support.comfyui_env import COMFYUI, NEEDS_COMFYUI, PACKAGE, PYTHON
-from tests.support.desktop_check import desktop_check, environment
+from tests.support.comfyui_env import NEEDS_COMFYUI, run_driver
+from tests.support.desktop_check import desktop_check
 
 # The desktop's layers and what ComfyUI keeps for them (HalfSafe's on the left). The attention
 # op runs in ComfyUI's block code, not in a module of its own: its whole block is kept, in
@@ -59,17 +58,7 @@ def transformer(tmp_path_factory) -> Path:
 
 
 def in_comfyui(transformer: Path, home: Path, action: str) -> dict:
-    done = subprocess.run(
-        [PYTHON, str(Path(__file__).with_name("drive_dit_store.py")), COMFYUI, str(PACKAGE)]
-        + [str(transformer), action],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=environment(home),
-        cwd=home,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_driver("drive_dit_store.py", [str(transformer), action], home)
 
 
 def test_a_layer_fix_the_desktop_proved_is_applied_by_the_fix_node(transformer, tmp_path):

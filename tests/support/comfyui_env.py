@@ -22,3 +22,24 @@ NEEDS_COMFYUI = [
         reason="no ComfyUI environment (HALFSAFE_COMFYUI, HALFSAFE_COMFYUI_PYTHON)",
     ),
 ]
+
+
+def run_driver(script: str, arguments: list[str], home: Path) -> dict:
+    """`script` (a driver beside the ComfyUI tests) run by ComfyUI's Python on ComfyUI's folder
+    and the node package, then `arguments`, with HalfSafe's folders in `home`; what it printed
+    as one JSON object on its last line."""
+    import json
+    import subprocess
+
+    from tests.support.desktop_check import environment
+
+    done = subprocess.run(
+        [PYTHON, str(ROOT / "tests" / "comfyui" / script), COMFYUI, str(PACKAGE), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment(home),
+        cwd=home,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
