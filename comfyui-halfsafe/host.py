@@ -229,7 +229,27 @@ def _text(base, clip) -> tuple[Any, Any]:
     if widths is None:
         raise NodeProblem("Connect the CLIP to HalfSafe Check: this model needs its text.")
     width, pooled = widths
+    pooled = pooled or _adm_pooled_width(base)
     return torch.zeros(1, TEXT_TOKENS, width), (torch.zeros(1, pooled) if pooled else None)
+
+
+def _adm_pooled_width(base) -> int | None:
+    """The pooled vector's width a UNet with an ADM input (`adm_in_channels`: SDXL's 2816) reads
+    beside the embeddings the model adds to it (SDXL's size and crop): the ADM's width less
+    what the model's own `encode_adm` makes of an empty pooled vector. None for a model that
+    reads no pooled vector there."""
+    import torch
+
+    adm = base.model_config.unet_config.get("adm_in_channels")
+    if not adm:
+        return None
+    try:
+        rest = base.encode_adm(pooled_output=torch.zeros(1, 0), width=64, height=64, device="cpu")
+    except Exception:  # an ADM made otherwise (unCLIP's noise augmentation, a class label)
+        return None
+    if not isinstance(rest, torch.Tensor) or rest.shape[-1] >= adm:
+        return None
+    return int(adm - rest.shape[-1])
 
 
 def _input_width(base) -> tuple[int, None] | None:
@@ -372,7 +392,9 @@ def dequantized_layer(layer, dtype):
 def apply_clamps(model, paths: list[str]) -> None:
     """Hold the fp16 outputs of the layers at `paths` (in the diffusion model) to fp16's range
     while `model` (a clone) calls its diffusion model, as HalfSafe's clamp fix does: hooks put
-    on for each call of this clone only, through ComfyUI's own wrapper, nothing copied."""
+    on for each call of this clone only, through ComfyUI's own wrapper of the model's call
+    (APPLY_MODEL: every model calls through it, where some never call the DIFFUSION_MODEL one),
+    nothing copied."""
     import comfy.patcher_extension as extension
 
     from app.core.hooks import Hooks
@@ -385,12 +407,12 @@ def apply_clamps(model, paths: list[str]) -> None:
             raise NodeProblem(f"The model has no layer {PREFIX}.{path} to clamp.") from error
 
     def clamped(executor, *args, **kwargs):
-        root = executor.class_obj
+        root = executor.class_obj.diffusion_model
         with Hooks() as hooks:
             hooks.after_each((root.get_submodule(p) for p in paths), _clamp)
             return executor(*args, **kwargs)
 
-    model.add_wrapper_with_key(extension.WrappersMP.DIFFUSION_MODEL, "halfsafe_clamps", clamped)
+    model.add_wrapper_with_key(extension.WrappersMP.APPLY_MODEL, "halfsafe_clamps", clamped)
 
 
 def _clamp(_module, _args, output):
@@ -416,11 +438,18 @@ def apply_fix(model, fix: dict) -> str:
         said.append(f"the diffusion model computes in {fix['component']}")
     if fix.get("islands"):
         apply_islands(model, fix["islands"])
-        said.append(f"{len(fix['islands'])} layer(s) kept wider")
+        said.append(f"{len(fix['islands'])} layer(s) kept wider ({named(fix['islands'])})")
     if fix.get("clamps"):
         apply_clamps(model, fix["clamps"])
         said.append(f"{len(fix['clamps'])} layer(s) clamped to fp16's range")
     return "; ".join(said) or "nothing to change"
+
+
+def named(islands: dict[str, str], prefix: str = PREFIX, most: int = 4) -> str:
+    """The first `most` islands with the dtype each is kept in, in ComfyUI's names."""
+    shown = [f"{prefix}.{path} in {dtype}" for path, dtype in list(islands.items())[:most]]
+    more = len(islands) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 
 
 def apply_component(model, dtype: str) -> None:

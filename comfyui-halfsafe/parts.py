@@ -191,7 +191,9 @@ def apply_vae_fix(vae, fix: dict) -> str:
             ) from error
         vae.patcher.add_object_patch(path, island_copy(layer, _wide(dtype)))
     if fix.get("islands"):
-        said.append(f"{len(fix['islands'])} VAE layer(s) kept wider")
+        said.append(
+            f"{len(fix['islands'])} VAE layer(s) kept wider ({host.named(fix['islands'], VAE_PREFIX)})"
+        )
     return "; ".join(said) or "nothing to change in the VAE"
 
 

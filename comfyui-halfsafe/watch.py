@@ -46,26 +46,33 @@ class Watch:
     findings: list[Finding] = field(default_factory=list)
     host_syncs: int = 0
     sample_sigmas: Any = None
-    blocks: dict[int, list] = field(default_factory=dict)  # id(model) -> its main blocks
+    blocks: dict[int, list] = field(default_factory=dict)  # id(model) -> the modules watched
     repairing: bool = False  # inside the run sampled again: no second repair
     failed_call: tuple | None = None  # (module, args, kwargs) of the last finding's call
 
     def on_call(self, executor, *args, **kwargs):
-        """DIFFUSION_MODEL wrapper: the call with each main block's output watched, then the
-        call's flag folded in on the device. A model may replace non-finite values before its
-        output (ComfyUI's Flux code in fp16 turns inf into +-65504 and NaN into zeros inside
-        its blocks), so the output alone would not show them: a block's output at or past
-        fp16's largest value, or not finite, marks the call. One reduction a block (some 60 a
-        Flux call, beside its billions of multiply-adds), none a layer, no read."""
+        """APPLY_MODEL wrapper (every ComfyUI model calls through it; some, SD3's MMDiT among
+        them, never through the DIFFUSION_MODEL one): the call with the diffusion model's own
+        call caught and each of its main blocks' outputs watched, then the call's flag folded
+        in on the device. A model may replace non-finite values before its output (ComfyUI's
+        Flux code in fp16 turns inf into +-65504 and NaN into zeros inside its blocks), so the
+        output alone would not show them, nor, where the code clamps a part's output inside a
+        block and normalises it (Lumina 2's attention and feed-forward in Z-Image), the block's:
+        a block's or a composite part's output (its attention, feed-forward, modulation) at or
+        past fp16's largest value, or not finite, marks the call. One reduction each (a few a
+        block, beside its billions of multiply-adds), none a layer, no read."""
         import torch
 
         from app.core.fixing.probe import top_blocks
         from app.core.hooks import Hooks
 
-        root = executor.class_obj
+        root = executor.class_obj.diffusion_model
         if id(root) not in self.blocks:  # found once, not walked again every step
-            self.blocks[id(root)] = [root.get_submodule(n) for n in top_blocks(root)]
+            blocks = [root.get_submodule(n) for n in top_blocks(root)]
+            parts = [c for b in blocks for c in b.children() if next(c.children(), None)]
+            self.blocks[id(root)] = blocks + parts
         seen: list = []
+        called: list = []  # the diffusion model's own calls: (args, kwargs, output)
 
         def watch_block(_module, _args, block_output):
             for value in _floats(block_output):
@@ -74,15 +81,20 @@ class Watch:
                 bad = ~(peak < limit)  # NaN compares false: bad too
                 seen[:] = [bad if not seen else seen[0] | bad]
 
+        def catch(_module, call_args, call_kwargs, call_output):
+            called.append((call_args, dict(call_kwargs), call_output))
+
         with Hooks() as hooks:
             hooks.after_each(self.blocks[id(root)], watch_block)
+            hooks.after(root, catch, kwargs=True)
             output = executor(*args, **kwargs)
+        call_args, call_kwargs, result = called[0] if called else ((), {}, output)
         index = len(self.calls)
-        options = _options(args, kwargs)
-        self.calls.append((root, args, kwargs))
+        options = _options(call_args, call_kwargs)
+        self.calls.append((root, call_args, call_kwargs))
         if self.sample_sigmas is None and options is not None:
             self.sample_sigmas = options.get("sample_sigmas")
-        tensor = output if isinstance(output, torch.Tensor) else output[0]
+        tensor = result if isinstance(result, torch.Tensor) else result[0]
         bad = ~torch.isfinite(tensor).all()
         if seen:
             bad = bad | seen[0].to(bad.device)
@@ -237,6 +249,8 @@ def _step(sample_sigmas, args, kwargs, call: int) -> tuple[int, int]:
 def _first_bad_layer(module, args, kwargs) -> str | None:
     from app.core.fixing.module_check import recorded_call
 
+    if not args and not kwargs:  # the model never called its diffusion model
+        return None
     seen = recorded_call(module, lambda: module(*args, **kwargs))
     return f"diffusion_model.{seen.first_bad_layer}" if seen.first_bad_layer else None
 
@@ -252,9 +266,7 @@ def watched(model, repair: dict | None = None, repairs: bool = True):
     if repair:
         host.apply_fix(clone, repair)
     watch = Watch(repair=repair, repairs=repairs)
-    clone.add_wrapper_with_key(
-        extension.WrappersMP.DIFFUSION_MODEL, "halfsafe_watch", watch.on_call
-    )
+    clone.add_wrapper_with_key(extension.WrappersMP.APPLY_MODEL, "halfsafe_watch", watch.on_call)
     clone.add_wrapper_with_key(extension.WrappersMP.OUTER_SAMPLE, "halfsafe_watch", watch.on_sample)
     return clone, watch
 

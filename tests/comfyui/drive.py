@@ -39,6 +39,27 @@ TINY_SD1 = {
 }
 
 
+# SDXL as ComfyUI's detection reads it (320 channels, transformer depths 0, 0, 2, 2, 10, 10, a
+# 2048-wide context, a 2816-wide ADM), every level at 320 channels where the released model
+# widens to 640 and 1280 (its channel multipliers are not part of the match): 283 M parameters
+# in place of 2.6 B, run by the same SDXL model code.
+TINY_SDXL = {
+    **TINY_SD1,
+    "adm_in_channels": 2816,
+    "num_classes": "sequential",
+    "use_linear_in_transformer": True,
+    "context_dim": 2048,
+    "num_heads": -1,
+    "num_head_channels": 64,
+    "channel_mult": [1, 1, 1],
+    "num_res_blocks": [2, 2, 2],
+    "transformer_depth": [0, 0, 2, 2, 10, 10],
+    "transformer_depth_middle": 10,
+    "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10],
+}
+PLANTED_SDXL = "input_blocks.4.1.transformer_blocks.0.attn1.to_q"
+
+
 def start_comfy(comfy: Path) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     import stand_ins
@@ -55,7 +76,7 @@ def start_comfy(comfy: Path) -> None:
     mm.should_use_fp16 = lambda *args, **kwargs: True  # compute in fp16 as on a GPU
 
 
-def write_tiny_unet(path: Path, config: dict | None = None) -> Path:
+def write_tiny_unet(path: Path, config: dict | None = None, planted: str = PLANTED) -> Path:
     import comfy.ops
     import torch
     from comfy.ldm.modules.diffusionmodules.openaimodel import UNetModel
@@ -69,7 +90,7 @@ def write_tiny_unet(path: Path, config: dict | None = None) -> Path:
                 kind.reset_parameters(module)
                 break
     with torch.no_grad():
-        unet.get_submodule(PLANTED).weight.mul_(1e5)
+        unet.get_submodule(planted).weight.mul_(1e5)
     tensors = {
         f"model.diffusion_model.{k}": v.half().contiguous() for k, v in unet.state_dict().items()
     }
@@ -217,7 +238,7 @@ def watch(nodes, model, cond=None, latent=None, fix=None, repair=False) -> dict:
     plain = sample(model)
     (watched,) = nodes["HalfSafeNaNWatch"]().watch(model, fix, repair)
     with_watch = sample(watched)
-    state = watched.get_wrappers("diffusion_model", "halfsafe_watch")[0].__self__
+    state = watched.get_wrappers("apply_model", "halfsafe_watch")[0].__self__
     return {
         "findings": [f.__dict__ for f in state.findings],
         "words": [f.words() for f in state.findings],

@@ -86,7 +86,7 @@ def test_a_unet_file_alone_is_remembered_under_its_own_key(driven):
     assert "not remembered" not in driven["check"]["text"]
     remembered = driven["remembered"]
     assert not remembered["unchanged"]
-    assert remembered["said"].startswith("HalfSafe Fix: 1 layer(s) kept wider.")
+    assert remembered["said"].startswith("HalfSafe Fix: 1 layer(s) kept wider (diffusion_model.")
     assert "The fix remembered for this model on this device: Keep 1 layer(s)" in remembered["said"]
 
 

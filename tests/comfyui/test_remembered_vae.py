@@ -61,7 +61,7 @@ def test_a_vae_fix_the_check_proved_is_applied_by_fix_in_the_next_job(files, tmp
     assert fixed["fixed_finite"]
     assert fixed["fixed_db"] >= proved["quality"]["threshold"]
     assert fixed["vae_patches"] == [VAE_ISLAND] and fixed["untouched"]
-    assert "The VAE: 1 VAE layer(s) kept wider." in fixed["said"]
+    assert "The VAE: 1 VAE layer(s) kept wider (" in fixed["said"]
     # The diffusion model's part is remembered for the checkpoint whichever file the VAE is.
     assert fixed["model_patches"] == ["diffusion_model.input_blocks.1.1.transformer_blocks.0.attn1"]
 

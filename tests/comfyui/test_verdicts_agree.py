@@ -1,0 +1,97 @@
+"""HalfSafe Check in ComfyUI and `halfsafe check` on the desktop give the same verdict on the same
+transformer file: the same component, the same first bad layer and the same fix, each in its own
+names (ComfyUI's are the file's original layout, the desktop's diffusers'), mapped through the
+layout's key table (`app.core.formats.layer_names`). Each side runs in its own environment, on
+the CPU in fp16, as a separate process, with a store of its own.
+
+The file: a tiny transformer in the widths ComfyUI's detection reads (comfyui_dits.py), one
+query projection planted past fp16's range, with the family's tiny text encoders and VAE
+beside it in ComfyUI's folders for the desktop (which loads the whole model; the node checks
+the diffusion model alone, its text zeros of the model's widths). Flux.1's agreement, and the
+fix each side remembers for the other, is in test_shared_store_dit.py; SD1's in
+test_shared_store.py and test_node_work.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.comfyui_env import NEEDS_COMFYUI, run_driver
+from tests.support.desktop_check import desktop_check
+
+BUILDERS = {
+    "flux2klein": "build_tiny_flux2_klein_pipeline",
+    "sd3": "build_tiny_sd3_pipeline",
+}
+
+pytestmark = NEEDS_COMFYUI
+
+
+def planted_model(family: str, folder: Path):
+    """The planted transformer file in diffusion_models/ with its companions beside it, and the
+    layout's layer names for it."""
+    import torch
+
+    from app.core.families.registry import family_of_denoiser
+    from app.core.formats.layer_names import LayerNames
+    from tests.support import tiny_models
+    from tests.support.comfyui_dits import (
+        PLANT_SCALE,
+        TINY_DITS,
+        save_transformer_file,
+        tiny_transformer,
+    )
+    from tests.support.model_files import save_split_files
+
+    pipeline = getattr(tiny_models, BUILDERS[family])()
+    planted = tiny_transformer(family)
+    with torch.no_grad():
+        planted.get_submodule(TINY_DITS[family].planted).weight.mul_(PLANT_SCALE)
+    pipeline.transformer = planted  # its text widths are the tiny encoders'
+    written = save_split_files(pipeline, folder / "models")
+    file = save_transformer_file(planted, written["transformer"])  # in fp16, as ComfyUI runs it
+    layout = family_of_denoiser(planted).layout
+    config = {**planted.config, "_class_name": type(planted).__name__}
+    return file, LayerNames(layout.table(config))
+
+
+@pytest.mark.parametrize("family", sorted(BUILDERS))
+def test_the_node_and_the_desktop_name_the_same_layer_and_fix(family, tmp_path):
+    file, names = planted_model(family, tmp_path)
+
+    (tmp_path / "desktop").mkdir()
+    (tmp_path / "node").mkdir()
+    report = desktop_check(file, tmp_path / "desktop")
+    found = run_driver("drive_dit_store.py", [str(file), "check"], tmp_path / "node")
+
+    # The verdict and the component.
+    assert report["verdict"] == "fixable" and report["fix"]["verified"]
+    assert [n for n, c in report["components"].items() if c.get("first_bad_module")] == [
+        "transformer"
+    ]
+    text, fix = found["check"]["text"], found["check"]["fix"]
+    assert "Checked: diffusion model fixable." in text and fix["component"] is None
+    # The first bad layer: the desktop's, in the file's layout, is the node's.
+    desktop_layer = report["components"]["transformer"]["first_bad_module"]
+    mapped = names.to_original(desktop_layer)
+    assert mapped is not None
+    node_layer = text.split("First bad layer: diffusion_model.")[1].split()[0].rstrip(".")
+    assert mapped.paths == (node_layer,), (desktop_layer, node_layer)
+    # The fix: the node's island holds what the desktop keeps wider or clamps, and nothing
+    # past the block both name.
+    (island,) = fix["islands"]
+    settings = report["fix"]["settings"]
+    kept = [
+        e.removeprefix("transformer:")
+        for key in ("fp32_modules", "bf16_modules", "clamp_modules")
+        for e in settings.get(key, [])
+    ]
+    assert kept, settings
+    for path in kept:
+        there = names.to_original(path)
+        assert there is not None
+        assert all(p == island or p.startswith(island + ".") for p in there.paths), (path, island)
+    back = names.to_diffusers(island)
+    assert back is not None
+    assert all(any(p == b or p.startswith(b + ".") for b in back.paths) for p in kept), back
