@@ -4,7 +4,9 @@ names (ComfyUI's are the file's original layout, the desktop's diffusers'), mapp
 layout's key table (`app.core.formats.layer_names`). Each side runs in its own environment, on
 the CPU in fp16, as a separate process, with a store of its own.
 
-The file: a tiny transformer in the widths ComfyUI's detection reads (comfyui_dits.py), one
+Families: Flux.2 Klein, SD3.5 and Krea 2. The file: a small transformer in the widths ComfyUI's
+detection reads (comfyui_dits.py; comfyui_families.py for Krea 2, reading the 12 encoder
+layers the released model reads, which the desktop needs to build it), one
 query projection planted past fp16's range, with the family's tiny text encoders and VAE
 beside it in ComfyUI's folders for the desktop (which loads the whole model; the node checks
 the diffusion model alone, its text zeros of the model's widths). Flux.1's agreement, and the
@@ -20,9 +22,10 @@ import pytest
 from tests.support.comfyui_env import NEEDS_COMFYUI, run_driver
 from tests.support.desktop_check import desktop_check
 
-BUILDERS = {
-    "flux2klein": "build_tiny_flux2_klein_pipeline",
-    "sd3": "build_tiny_sd3_pipeline",
+BUILDERS = {  # the family's tiny pipeline, with its text as wide as the transformer reads it
+    "flux2klein": ("build_tiny_flux2_klein_pipeline", {}),
+    "sd3": ("build_tiny_sd3_pipeline", {}),
+    "krea2": ("build_tiny_krea2_pipeline", {"text": 160, "released_taps": True}),
 }
 
 pytestmark = NEEDS_COMFYUI
@@ -33,6 +36,7 @@ def planted_model(family: str, folder: Path):
     layout's layer names for it."""
     import torch
 
+    from app.core.families.krea2 import KREA2_TAPS
     from app.core.families.registry import family_of_denoiser
     from app.core.formats.layer_names import LayerNames
     from tests.support import tiny_models
@@ -42,12 +46,21 @@ def planted_model(family: str, folder: Path):
         save_transformer_file,
         tiny_transformer,
     )
+    from tests.support.comfyui_families import FAMILY_FILES, family_transformer
     from tests.support.model_files import save_split_files
 
-    pipeline = getattr(tiny_models, BUILDERS[family])()
-    planted = tiny_transformer(family)
+    builder, options = BUILDERS[family]
+    pipeline = getattr(tiny_models, builder)(**options)
+    if family in TINY_DITS:
+        planted, layer = tiny_transformer(family), TINY_DITS[family].planted
+    else:  # in the shape ComfyUI's detection reads (comfyui_families.py), reading the text
+        # encoder's layers the released model reads, as the desktop builds it
+        shaped = family_transformer(family)
+        reads = {"num_text_layers": len(KREA2_TAPS)}
+        planted = type(shaped).from_config({**shaped.config, **reads})
+        layer = FAMILY_FILES[family].planted
     with torch.no_grad():
-        planted.get_submodule(TINY_DITS[family].planted).weight.mul_(PLANT_SCALE)
+        planted.get_submodule(layer).weight.mul_(PLANT_SCALE)
     pipeline.transformer = planted  # its text widths are the tiny encoders'
     written = save_split_files(pipeline, folder / "models")
     file = save_transformer_file(planted, written["transformer"])  # in fp16, as ComfyUI runs it

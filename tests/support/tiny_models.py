@@ -889,11 +889,13 @@ def tiny_krea2_transformer(seed: int, text: int = 32, text_layers: int = len(KRE
     ).eval()
 
 
-def build_tiny_krea2_pipeline(seed: int = 0, distilled: bool = False, released_taps: bool = False):
-    """A tiny Krea 2-shaped pipeline: a four-layer Qwen3-VL-shaped text encoder read at three
-    layers, a two-block single-stream transformer, Qwen-Image's 3D VAE; `distilled` makes it
-    a Turbo. With `released_taps`, the encoder has Qwen3-VL-4B's 36 layers and is read where
-    Krea 2 reads it (what a split file is run with)."""
+def build_tiny_krea2_pipeline(
+    seed: int = 0, distilled: bool = False, released_taps: bool = False, text: int = 32
+):
+    """A tiny Krea 2-shaped pipeline: a four-layer Qwen3-VL-shaped text encoder `text` wide
+    read at three layers, a two-block single-stream transformer, Qwen-Image's 3D VAE;
+    `distilled` makes it a Turbo. With `released_taps`, the encoder has Qwen3-VL-4B's 36 layers
+    and is read where Krea 2 reads it (what a split file is run with)."""
     from diffusers import FlowMatchEulerDiscreteScheduler, Krea2Pipeline
 
     from app.core.families.krea2 import KREA2_TAPS
@@ -902,9 +904,9 @@ def build_tiny_krea2_pipeline(seed: int = 0, distilled: bool = False, released_t
     return Krea2Pipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**KREA2_SCHEDULER_CONFIG),
         vae=tiny_qwenimage_vae(seed + 1),
-        text_encoder=tiny_qwen3_vl_4b(seed + 2, layers=36 if released_taps else 4),
+        text_encoder=tiny_qwen3_vl_4b(seed + 2, hidden=text, layers=36 if released_taps else 4),
         tokenizer=qwen2_tokenizer(),
-        transformer=tiny_krea2_transformer(seed + 3, text_layers=len(taps)),
+        transformer=tiny_krea2_transformer(seed + 3, text=text, text_layers=len(taps)),
         text_encoder_select_layers=taps,
         is_distilled=distilled,
         patch_size=2,
