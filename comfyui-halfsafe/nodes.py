@@ -63,9 +63,13 @@ class HalfSafeCheck:
             size = (width, height, steps, seed)
             found = parts.check_parts(model, outcome, size, clip, vae, _one_sentence)
             verdict = found.verdict
-            if found.vae_fix is not None:
-                fix = {**(fix or {"islands": {}, "component": None}), "vae": found.vae_fix}
-                fix.setdefault("summary", found.vae_fix["summary"])
+            for part, part_fix in (
+                ("vae", found.vae_fix),
+                ("text_encoder", found.text_encoder_fix),
+            ):
+                if part_fix is not None:
+                    fix = {**(fix or {"islands": {}, "component": None}), part: part_fix}
+                    fix.setdefault("summary", part_fix["summary"])
             text = found.text
             if fix is not None:
                 unsaid: list[str] = []
@@ -80,22 +84,23 @@ class HalfSafeCheck:
 
 class HalfSafeFix:
     CATEGORY = CATEGORY
-    RETURN_TYPES = ("MODEL", "STRING", "VAE")
-    RETURN_NAMES = ("model", "report", "vae")
+    RETURN_TYPES = ("MODEL", "STRING", "VAE", "CLIP")
+    RETURN_NAMES = ("model", "report", "vae", "clip")
     FUNCTION = "fix"
     DESCRIPTION = (
-        "Applies HalfSafe's proved fix to a clone of the model (and of the VAE, where the fix "
-        "has a VAE part): the check's, or the one remembered for this model file on this device."
+        "Applies HalfSafe's proved fix to a clone of the model (and of the VAE and the CLIP, "
+        "where the fix has a part for them): the check's, or the one remembered for this model "
+        "file on this device."
     )
 
     @classmethod
     def INPUT_TYPES(cls):
         return {
             "required": {"model": ("MODEL",)},
-            "optional": {"fix": (FIX_TYPE,), "vae": ("VAE",)},
+            "optional": {"fix": (FIX_TYPE,), "vae": ("VAE",), "clip": ("CLIP",)},
         }
 
-    def fix(self, model, fix=None, vae=None):
+    def fix(self, model, fix=None, vae=None, clip=None):
         from . import parts, store
 
         notes: list[str] = []
@@ -106,7 +111,7 @@ class HalfSafeFix:
                 fix = store.remembered(model, notes, vae)
             if not fix:
                 said = "No fix to apply: the model is used as it is."
-                return (model, " ".join(notes + [said]), vae)
+                return (model, " ".join(notes + [said]), vae, clip)
             from . import attention
 
             patched = model.clone()
@@ -123,9 +128,18 @@ class HalfSafeFix:
                 said += f" The VAE: {done}."
             elif fix.get("vae"):
                 said += " The fix has a VAE part: connect the VAE to HalfSafe Fix to apply it."
-            return (patched, " ".join([said, *notes]), fixed_vae)
+            fixed_clip = clip
+            if fix.get("text_encoder") and clip is not None:
+                fixed_clip, done = parts.fixed_clip(clip, fix["text_encoder"])
+                said += f" The CLIP: {done}."
+            elif fix.get("text_encoder"):
+                said += (
+                    " The fix has a text-encoder part: connect the CLIP to HalfSafe Fix to "
+                    "apply it."
+                )
+            return (patched, " ".join([said, *notes]), fixed_vae, fixed_clip)
         except Exception as error:
-            return (model, _one_sentence(error), vae)
+            return (model, _one_sentence(error), vae, clip)
 
 
 class HalfSafeNaNWatch:

@@ -359,6 +359,42 @@ def _computing_in_fp32(module) -> Iterator[None]:
             layer.__dict__["dtype"] = dtype
 
 
+def fixed_clip(clip, fix: dict):
+    """A clone of `clip` whose text encoder computes in fp32, the text-encoder fix the check
+    proves (its fp32 reference): an object patch for each submodule that keeps the dtype it
+    computes in (Lens's GPT-OSS keeps its activations in its stored fp16), told fp32, which
+    ComfyUI puts on when it loads this clone and takes off for any other; each layer casts its
+    stored weights to its input for the call, as ComfyUI's ops and this code do. Nothing is
+    copied. Returns (the clone, what was done in words)."""
+    import torch
+
+    if fix.get("component") != "fp32" or fix.get("islands"):
+        raise host.NodeProblem("HalfSafe Fix applies only the whole text encoder in fp32.")
+    clone = clip.clone()
+    held = [
+        name
+        for name, layer in clip_module(clone).named_modules()
+        if layer.__dict__.get("dtype") in (torch.float16, torch.bfloat16)
+    ]
+    prefix = _patch_prefix(clone)
+    for name in held:
+        clone.patcher.add_object_patch(
+            ".".join(p for p in (prefix, name, "dtype") if p), torch.float32
+        )
+    if not held:
+        return clone, "the text encoder already computes in fp32 here: nothing to change"
+    return clone, f"the text encoder computes in fp32 ({len(held)} of its modules told so)"
+
+
+def _patch_prefix(clip) -> str:
+    """Where the text encoder `clip_module` finds sits under the CLIP's patched model."""
+    module = clip_module(clip)
+    for name, child in clip.patcher.model.named_modules():
+        if child is module:
+            return name
+    raise host.NodeProblem("The CLIP's text encoder is not inside its patched model.")
+
+
 def _encoded(module, clip, prompt: str):
     """One encode of `prompt` with `clip`, recorded, and the dtypes its layers computed in."""
     from app.core.fixing.module_check import recorded_call
@@ -372,9 +408,9 @@ def _encoded(module, clip, prompt: str):
 def check_text_encoder(clip) -> PartOutcome:
     """Encode the empty prompt with `clip` as ComfyUI does, recorded (a short prompt instead
     where the encoder answers the empty one without running a layer); the first bad layer and
-    whether an fp32 encode is finite. Its fix, where there is one, is the whole encoder in fp32:
-    HalfSafe Fix takes no CLIP, and most of ComfyUI's text encoders compute in fp32 already (so a
-    layer kept wider changes nothing there; what is left is the weights' stored dtype)."""
+    whether an fp32 encode is finite. Its fix, where there is one, is the whole encoder in fp32
+    (`fixed_clip`): most of ComfyUI's text encoders compute in fp32 already (so a layer kept
+    wider changes nothing there; what is left is the weights' stored dtype)."""
     from app.core.components import FP16_MAX
     from app.core.precision.layerwise import each_layer_in_fp32
 
@@ -424,8 +460,8 @@ def check_text_encoder(clip) -> PartOutcome:
         return outcome
     fix = {"islands": {}, "component": "fp32"}
     fix["summary"] = (
-        "Run the whole text encoder in fp32 (verified: it is the fp32 reference): start "
-        "ComfyUI with --fp32-text-enc; HalfSafe Fix does not take a CLIP."
+        "Run the whole text encoder in fp32 (verified: it is the fp32 reference): connect the "
+        "CLIP to HalfSafe Fix, or start ComfyUI with --fp32-text-enc."
     )
     outcome.verdict, outcome.fix = "fixable", fix
     outcome.lines.append(f"Fixable: {fix['summary']}")
@@ -442,6 +478,7 @@ class Checked:
     text: str
     verdict: str | None
     vae_fix: dict | None = None
+    text_encoder_fix: dict | None = None
 
 
 def check_parts(model, outcome, size: tuple, clip, vae, one_sentence) -> Checked:
@@ -450,7 +487,7 @@ def check_parts(model, outcome, size: tuple, clip, vae, one_sentence) -> Checked
     kept), and the line that lists every part's verdict and the worst."""
     lines = [outcome.text]
     verdicts: dict[str, str | None] = {"diffusion model": outcome.verdict}
-    vae_fix = None
+    vae_fix = text_encoder_fix = None
     runs = (
         ("VAE", vae, lambda: check_vae(model, vae, size, clip, outcome.fix)),
         ("text encoder", clip, lambda: check_text_encoder(clip)),
@@ -469,9 +506,11 @@ def check_parts(model, outcome, size: tuple, clip, vae, one_sentence) -> Checked
         lines.append(f"{title}: " + "\n".join(found.lines))
         if part == "VAE":
             vae_fix = found.fix
+        else:
+            text_encoder_fix = found.fix
     missing = [name for name, given in (("VAE", vae), ("CLIP", clip)) if given is None]
     lines.append(summary_line(verdicts, missing))
-    return Checked("\n".join(lines), worst(verdicts.values()), vae_fix)
+    return Checked("\n".join(lines), worst(verdicts.values()), vae_fix, text_encoder_fix)
 
 
 def summary_line(verdicts: dict[str, str | None], not_connected: list[str]) -> str:

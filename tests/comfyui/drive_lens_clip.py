@@ -112,7 +112,7 @@ def main() -> None:
     import torch
     from comfy.text_encoders.gpt_oss import _lens_render_chat
 
-    drive.load_package(package_folder)
+    package = drive.load_package(package_folder)
     parts = importlib.import_module("comfyui_halfsafe.parts")
     tokenizer = tokenizer_json(WORDS)
     # Lens drops the template's tokens before the prompt from its output: here as many as the
@@ -159,7 +159,38 @@ def main() -> None:
             "first_bad_layer": outcome.first_bad_layer,
             "fix": outcome.fix,
         }
+        if outcome.fix:
+            found[name]["fixed"] = fixed(package, clip, outcome.fix, tokens, before, wide, work)
     print(json.dumps(found))
+
+
+def fixed(package, clip, fix: dict, tokens, before, wide, work: Path) -> dict:
+    """HalfSafe Fix with the CLIP connected and the check's text-encoder fix (beside a tiny SD1
+    UNet's MODEL, which the fix leaves as it is): its CLIP's encode against the encoder built in
+    fp32 as `--fp32-text-enc` builds it; the CLIP passed in encoding as before."""
+    import comfy.sd
+    import torch
+
+    from app.core.fixing.quality import compare
+
+    model = comfy.sd.load_diffusion_model(str(drive.write_tiny_unet(work / "unet.safetensors")))
+    whole = {"islands": {}, "component": None, "summary": fix["summary"], "text_encoder": fix}
+    patched_before = sorted(clip.patcher.object_patches)
+    _, said, _, patched = package.NODE_CLASS_MAPPINGS["HalfSafeFix"]().fix(model, whole, None, clip)
+    output = patched.encode_from_tokens(tokens)
+    reference = wide.encode_from_tokens(tokens)
+    again = clip.encode_from_tokens(tokens)
+    patches = patched.patcher.object_patches
+    return {
+        "said": said,
+        "finite": drive.finite(output),
+        "dtype": str(output.dtype),
+        "db": compare(output, reference).value,
+        "patches": len(patches),
+        "copied": any(isinstance(v, (torch.Tensor, torch.nn.Module)) for v in patches.values()),
+        "original_patches": [patched_before, sorted(clip.patcher.object_patches)],
+        "untouched": bool(torch.allclose(before, again, rtol=0, atol=0, equal_nan=True)),
+    }
 
 
 if __name__ == "__main__":

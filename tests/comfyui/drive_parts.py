@@ -126,7 +126,7 @@ def main() -> None:
 
     latent = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(1)) / 0.18215
     wanted = decoded(reference, latent)
-    fixed_model, said, fixed_vae = nodes["HalfSafeFix"]().fix(model, fix, planted)
+    fixed_model, said, fixed_vae = nodes["HalfSafeFix"]().fix(model, fix, planted)[:3]
     pixels = decoded(fixed_vae, latent)
     original = decoded(planted, latent)
     found["fix"] = {
@@ -138,7 +138,7 @@ def main() -> None:
         "shares_weights": fixed_vae.first_stage_model is planted.first_stage_model,
     }
     whole = {"islands": {}, "component": None, "vae": {"islands": {}, "component": "fp32"}}
-    _, said, wider = nodes["HalfSafeFix"]().fix(model, whole, planted)
+    _, said, wider = nodes["HalfSafeFix"]().fix(model, whole, planted)[:3]
     pixels = decoded(wider, latent)
     found["whole_vae"] = {
         "said": said,
@@ -147,7 +147,7 @@ def main() -> None:
         "stored": sorted({str(p.dtype) for p in wider.first_stage_model.parameters()}),
         "original_finite_after": drive.finite(decoded(planted, latent)),
     }
-    _, said, passed = nodes["HalfSafeFix"]().fix(model, fix, None)
+    _, said, passed = nodes["HalfSafeFix"]().fix(model, fix, None)[:3]
     found["no_vae_connected"] = {"said": said, "vae": passed is None}
 
     found["untouched"] = {

@@ -66,7 +66,7 @@ def main() -> None:
 
         latent = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(1)) / 0.18215
         wanted = loaded_vae(checkpoint, vae_file, torch.float32).decode(latent)
-        patched, said, fixed_vae = nodes["HalfSafeFix"]().fix(model, None, vae)
+        patched, said, fixed_vae = nodes["HalfSafeFix"]().fix(model, None, vae)[:3]
         pixels = fixed_vae.decode(latent)
         quality = compare(pixels, wanted)
         found["fix"] = {

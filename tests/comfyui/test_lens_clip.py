@@ -75,3 +75,16 @@ def test_an_overflow_in_a_lens_layer_is_named_and_its_fp32_fix_is_true(driven):
 
 def test_the_check_leaves_the_encoder_as_it_found_it(driven):
     assert driven["sound"]["untouched"] and driven["planted"]["untouched"]
+
+
+def test_halfsafe_fix_with_the_clip_connected_makes_its_encode_the_fp32_one(driven):
+    """The check's text-encoder fix applied by HalfSafe Fix: its CLIP output encodes in fp32
+    (each module that keeps a compute dtype told fp32 by an object patch, nothing copied) and
+    agrees with the encoder built in fp32; the CLIP passed in still encodes as it did."""
+    fixed = driven["planted"]["fixed"]
+    assert "The CLIP: the text encoder computes in fp32" in fixed["said"]
+    assert fixed["finite"] and fixed["dtype"] == "torch.float32"
+    assert fixed["db"] >= 40
+    assert fixed["patches"] > 0 and not fixed["copied"]
+    before, after = fixed["original_patches"]
+    assert before == after and fixed["untouched"]

@@ -270,9 +270,10 @@ def test_the_real_server_lists_the_nodes(server):
     assert set(check["input"]["optional"]) == {"clip", "vae"}
     assert check["output"] == ["STRING", "IMAGE", "HALFSAFE_FIX"]
     assert set(info["HalfSafeFix"]["input"]["required"]) == {"model"}
-    assert set(info["HalfSafeFix"]["input"]["optional"]) == {"fix", "vae"}
-    # The VAE output comes after the others: existing workflows' links keep their indices.
-    assert info["HalfSafeFix"]["output"] == ["MODEL", "STRING", "VAE"]
+    assert set(info["HalfSafeFix"]["input"]["optional"]) == {"fix", "vae", "clip"}
+    # The VAE and CLIP outputs come after the others: existing workflows' links keep their
+    # indices.
+    assert info["HalfSafeFix"]["output"] == ["MODEL", "STRING", "VAE", "CLIP"]
     assert info["HalfSafeNaNWatch"]["output"] == ["MODEL"]
 
 
