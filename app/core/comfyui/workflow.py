@@ -383,11 +383,13 @@ def _ui_fix(
         {"name": "model", "type": "MODEL", "link": model},
         {"name": "fix", "type": "HALFSAFE_FIX", "shape": 7, "link": fix},
         {"name": "vae", "type": "VAE", "shape": 7, "link": None},
+        {"name": "clip", "type": "CLIP", "shape": 7, "link": None},
     ]
     node["outputs"] = [
         {"name": "model", "type": "MODEL", "links": moved, "slot_index": 0},
         {"name": "report", "type": "STRING", "links": None},
         {"name": "vae", "type": "VAE", "links": None},
+        {"name": "clip", "type": "CLIP", "links": None},
     ]
     node["widgets_values"] = []
     return node
