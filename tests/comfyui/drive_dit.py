@@ -40,13 +40,57 @@ def planted_model(nodes, host, model) -> dict:
         "original_db": compare(original, reference).value,
         "patches": sorted(fixed.object_patches),
     }
+    found["clamp_calls"] = clamp_calls(host, model, fix)
     found["untouched"] = model.object_patches == {} and drive.weights_digest(model) == before
     return found
+
+
+def clamp_calls(host, model, fix) -> int:
+    """How often a clamp on the planted layer's block's first linear layer held its output in
+    one KSampler step of a clone: the clamp's hook must run in every family's model code."""
+    import nodes as comfy_nodes
+
+    clamped = model.clone()
+    host.apply_clamps(clamped, [call_layer(host, model, fix)])
+    cond, samples = sampler_inputs(host, model)
+    held = []
+    original = host._clamp
+
+    def counted(module, args, output):
+        held.append(module)
+        return original(module, args, output)
+
+    host._clamp = counted
+    try:
+        comfy_nodes.common_ksampler(clamped, 0, 1, 1.0, "euler", "normal", cond, cond, samples)
+    finally:
+        host._clamp = original
+    return len(held)
+
+
+def call_layer(host, model, fix) -> str:
+    """The first linear layer inside the fix's island (the planted one's block)."""
+    import torch
+
+    island = next(iter(fix["islands"]))
+    block = host.diffusion_model(model).get_submodule(island)
+    name = next(n for n, m in block.named_modules() if isinstance(m, torch.nn.Linear))
+    return f"{island}.{name}"
 
 
 def watched(nodes, host, model, fix) -> dict:
     """Three sampler steps of the planted model through ComfyUI's KSampler under the watch,
     with zeros for the text as the check feeds it: without a fix, and with the check's."""
+    cond, samples = sampler_inputs(host, model)
+    found = drive.watch(nodes, model, cond, samples)
+    found.pop("outputs")
+    found["with_fix"] = drive.watch(nodes, model, cond, samples, fix)["findings"]
+    found["repaired"] = drive.repaired(nodes, model, cond, samples)
+    return found
+
+
+def sampler_inputs(host, model):
+    """Zeros for the text, as the check feeds it, and an empty latent: a KSampler's inputs."""
     import torch
 
     base = model.model
@@ -56,12 +100,7 @@ def watched(nodes, host, model, fix) -> dict:
     latent = base.latent_format
     down = int(getattr(latent, "spacial_downscale_ratio", 8))
     shape = (1, int(latent.latent_channels), SIZE // down, SIZE // down)
-    samples = {"samples": torch.zeros(shape)}
-    found = drive.watch(nodes, model, cond, samples)
-    found.pop("outputs")
-    found["with_fix"] = drive.watch(nodes, model, cond, samples, fix)["findings"]
-    found["repaired"] = drive.repaired(nodes, model, cond, samples)
-    return found
+    return cond, {"samples": torch.zeros(shape)}
 
 
 def main() -> None:

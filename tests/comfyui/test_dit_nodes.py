@@ -70,6 +70,13 @@ def test_fix_makes_the_call_match_fp32_on_a_clone(driven):
     assert found["untouched"]
 
 
+def test_a_clamp_holds_its_layer_in_every_familys_model_code(driven):
+    """A clamp is put on through ComfyUI's wrapper of the model's call, which every model
+    calls (SD3's MMDiT never calls the diffusion model's own wrapper)."""
+    _, found = driven
+    assert found["clamp_calls"] >= 1
+
+
 def test_flux_hides_the_overflow_in_its_output_and_the_check_says_so(driven):
     family, found = driven
     said = "the model's own code replaced the non-finite values"
