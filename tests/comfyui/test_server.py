@@ -319,6 +319,10 @@ def test_a_queued_workflow_checks_fixes_and_watches_the_family(server, family):
     # The watch with its repair on: the failed run named and sampled again with a fix.
     step = f"HalfSafe NaN Watch: step 1 of {STEPS} went non-finite in the diffusion model"
     assert f"{step}; first bad layer diffusion_model.{planted.layer}." in said, said[-3000:]
+    # That run alone went non-finite: the watch on the fixed model (every block and part of it
+    # read) and the repaired run's watch said nothing. (The log holds each line twice: plain,
+    # and coloured for the console.)
+    assert said.count("root:HalfSafe NaN Watch: step") == 1, said[-3000:]
     assert "Repaired: sampled again" in said
     assert torch.isfinite(repaired).all() and db(repaired, reference) >= threshold
     assert not math.isnan(db(repaired, reference))
