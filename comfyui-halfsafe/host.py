@@ -141,12 +141,7 @@ def one_call(model, width: int, height: int, steps: int, seed: int, clip=None) -
     mm, samplers, _ = _api()
     base = model.model
     module = diffusion_model(model)
-    latent = base.latent_format
-    down = int(getattr(latent, "spacial_downscale_ratio", 8))
-    channels = int(latent.latent_channels)
-    shape = (1, channels, max(1, height // down), max(1, width // down))
-    if getattr(latent, "latent_dimensions", 2) == 3:  # video latents: one frame, as ComfyUI's
-        shape = (*shape[:2], 1, *shape[2:])  # sampler makes an image's (fix_empty_latent_channels)
+    shape = latent_shape(base, width, height)
     noise = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
     sigma = samplers.calculate_sigmas(base.model_sampling, "normal", max(1, steps))[0]
     device = model.load_device
@@ -178,6 +173,16 @@ def one_call(model, width: int, height: int, steps: int, seed: int, clip=None) -
         raise NodeProblem("ComfyUI's apply_model never called the diffusion model.")
     del mm
     return call
+
+
+def latent_shape(base, width: int, height: int) -> tuple[int, ...]:
+    """The shape of one picture's latent for ComfyUI's `base` model at width x height."""
+    latent = base.latent_format
+    down = int(getattr(latent, "spacial_downscale_ratio", 8))
+    shape = (1, int(latent.latent_channels), max(1, height // down), max(1, width // down))
+    if getattr(latent, "latent_dimensions", 2) == 3:  # video latents: one frame, as ComfyUI's
+        shape = (*shape[:2], 1, *shape[2:])  # sampler makes an image's (fix_empty_latent_channels)
+    return shape
 
 
 # Where ComfyUI's model configs (`unet_config`) keep the width of the text a denoiser reads (its

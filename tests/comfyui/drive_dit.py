@@ -97,9 +97,7 @@ def sampler_inputs(host, model):
     width, pooled = host.text_widths(base.model_config.unet_config)
     extra = {"pooled_output": torch.zeros(1, pooled)} if pooled else {}
     cond = [[torch.zeros(1, host.TEXT_TOKENS, width), extra]]
-    latent = base.latent_format
-    down = int(getattr(latent, "spacial_downscale_ratio", 8))
-    shape = (1, int(latent.latent_channels), SIZE // down, SIZE // down)
+    shape = host.latent_shape(base, SIZE, SIZE)
     return cond, {"samples": torch.zeros(shape)}
 
 

@@ -37,11 +37,7 @@ class HalfSafeTestZeroText:
         base = model.model
         context, pooled = host._text(base, None)
         extra = {"pooled_output": pooled} if pooled is not None else {}
-        latent = base.latent_format
-        down = int(getattr(latent, "spacial_downscale_ratio", 8))
-        shape = (1, int(latent.latent_channels), height // down, width // down)
-        if getattr(latent, "latent_dimensions", 2) == 3:  # video latents: one frame
-            shape = (*shape[:2], 1, *shape[2:])
+        shape = host.latent_shape(base, width, height)
         return ([[context, extra]], {"samples": torch.zeros(shape)})
 
 
