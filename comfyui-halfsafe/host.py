@@ -146,7 +146,7 @@ def one_call(model, width: int, height: int, steps: int, seed: int, clip=None) -
     sigma = samplers.calculate_sigmas(base.model_sampling, "normal", max(1, steps))[0]
     device = model.load_device
     x = base.model_sampling.noise_scaling(sigma, noise, torch.zeros(shape)).to(device)
-    context, pooled = _text(base, clip)
+    context, pooled = check_text(base, clip)
     text = "clip" if clip is not None else "zeros"
     conds = base.extra_conds(
         cross_attn=context,
@@ -223,7 +223,9 @@ def text_widths(config: dict) -> tuple[int, int | None] | None:
     return None
 
 
-def _text(base, clip) -> tuple[Any, Any]:
+def check_text(base, clip=None) -> tuple[Any, Any]:
+    """The text a check feeds the model: the empty prompt through `clip`, or without one the
+    zeros (context, pooled vector or None) at the widths the model reads."""
     import torch
 
     if clip is not None:

@@ -94,9 +94,8 @@ def sampler_inputs(host, model):
     import torch
 
     base = model.model
-    width, pooled = host.text_widths(base.model_config.unet_config)
-    extra = {"pooled_output": torch.zeros(1, pooled)} if pooled else {}
-    cond = [[torch.zeros(1, host.TEXT_TOKENS, width), extra]]
+    context, pooled = host.check_text(base)
+    cond = [[context, {"pooled_output": pooled} if pooled is not None else {}]]
     shape = host.latent_shape(base, SIZE, SIZE)
     return cond, {"samples": torch.zeros(shape)}
 

@@ -35,7 +35,7 @@ class HalfSafeTestZeroText:
 
         host = _halfsafe_host()
         base = model.model
-        context, pooled = host._text(base, None)
+        context, pooled = host.check_text(base)
         extra = {"pooled_output": pooled} if pooled is not None else {}
         shape = host.latent_shape(base, width, height)
         return ([[context, extra]], {"samples": torch.zeros(shape)})
