@@ -322,3 +322,22 @@ def test_a_part_run_with_layers_kept_wider_says_so_beside_its_measured_outcome()
     assert precision_words(vae, 2) == (
         "fp16 with 2 layers kept wider ok (measured), bf16 ok (predicted)"
     )
+
+
+def test_two_parts_kept_wider_are_each_said_once(cpu_bf16):
+    """The text encoder and the UNet both overflow and are both fixed with layers kept wider:
+    the fix's words name each part's layers once (a later part's layer list carries the earlier
+    part's layers too, which its words do not repeat), and the settings hold both."""
+    from tests.support.planted_sd import PLANTS
+
+    pipeline = PLANTS["text_encoder"](plant(build_tiny_sd_pipeline(), "unet_ff"))
+    report = check(loaded(pipeline), remember=False)
+
+    assert report.fix is not None and report.fix.verified
+    settings = report.fix.settings
+    lists = [e for k in ("fp32_modules", "bf16_modules") for e in settings.get(k, [])]
+    assert {e.partition(":")[0] for e in lists} == {"text_encoder", "unet"}, settings
+    summary = report.fix.summary
+    for part in ("text encoder", "UNet"):
+        said = [s for s in summary.split("; ") if f" {part} layer" in s]
+        assert len(said) == 1, summary

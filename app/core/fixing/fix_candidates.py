@@ -27,12 +27,15 @@ class FixCandidate:
     plan: PrecisionPlan
     settings: Mapping[str, SettingValue]
     kind: str = ""
+    # What this candidate adds, where its settings also carry the fixes found before it (a
+    # layer list holds every component's layers): its words say only this.
+    own: Mapping[str, SettingValue] | None = None
 
     @property
     def words(self) -> str:
         from app.core.precision.words import fix_words
 
-        return fix_words(self.settings, self.plan.dtypes)
+        return fix_words(self.settings if self.own is None else self.own, self.plan.dtypes)
 
 
 @dataclass(frozen=True)
@@ -164,10 +167,11 @@ def _clamp(ctx: FixContext) -> FixCandidate | None:
     layers = overflowing_layers(ctx.wide, ctx.module)
     if not layers:
         return None
-    entries = [f"{ctx.component}:{p}" for p in layers]
+    plan = ctx.plan.with_clamps(ctx.component, layers)
     return FixCandidate(
-        ctx.plan.with_clamps(ctx.component, layers),
-        {"clamp_modules": entries},
+        plan,
+        {"clamp_modules": plan.module_settings()["clamp_modules"]},
+        own={"clamp_modules": [f"{ctx.component}:{p}" for p in layers]},
     )
 
 
@@ -182,9 +186,12 @@ def _islands(ctx: FixContext) -> FixCandidate | None:
     dtype = "bf16" if ctx.bf16_native else "fp32"
     islands = {**ctx.plan.islands(ctx.component), **dict.fromkeys(layers, dtype)}
     plan = ctx.plan.with_modules(ctx.component, islands)
+    key = f"{dtype}_modules"
+    entries = plan.module_settings()[key]
     return FixCandidate(
         plan,
-        {f"{dtype}_modules": plan.module_settings()[f"{dtype}_modules"]},
+        {key: entries},
+        own={key: [e for e in entries if e.partition(":")[0] == ctx.component]},
     )
 
 
