@@ -5,6 +5,7 @@ output instead of an error that stops the queue."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from . import host
 
@@ -122,24 +123,30 @@ class HalfSafeFix:
                 vae_said = (fix.get("vae") or {}).get("summary")
                 if vae_said and vae_said not in fix["summary"]:
                     said += f" The fix remembered for this VAE: {vae_said}"
-            fixed_vae = vae
-            if fix.get("vae") and vae is not None:
-                fixed_vae, done = parts.fixed_vae(vae, fix["vae"])
-                said += f" The VAE: {done}."
-            elif fix.get("vae"):
-                said += " The fix has a VAE part: connect the VAE to HalfSafe Fix to apply it."
-            fixed_clip = clip
-            if fix.get("text_encoder") and clip is not None:
-                fixed_clip, done = parts.fixed_clip(clip, fix["text_encoder"])
-                said += f" The CLIP: {done}."
-            elif fix.get("text_encoder"):
-                said += (
-                    " The fix has a text-encoder part: connect the CLIP to HalfSafe Fix to "
-                    "apply it."
-                )
-            return (patched, " ".join([said, *notes]), fixed_vae, fixed_clip)
         except Exception as error:
             return (model, _one_sentence(error), vae, clip)
+        # Each other part on its own: one that cannot be applied leaves the model's fix
+        # applied and its own input as it came, and says why.
+        fixed_vae, vae_said = _part(vae, fix.get("vae"), parts.fixed_vae, "VAE", "a VAE")
+        fixed_clip, clip_said = _part(
+            clip, fix.get("text_encoder"), parts.fixed_clip, "CLIP", "a text-encoder"
+        )
+        told = " ".join(s for s in (said, vae_said, clip_said, *notes) if s)
+        return (patched, told, fixed_vae, fixed_clip)
+
+
+def _part(given, part, apply, name: str, kind: str) -> tuple[Any, str]:
+    """`given` (a VAE or a CLIP, or None) with the fix's `part` for it applied to a clone, and
+    what was done, in a sentence: `given` itself where there is no part or it fails."""
+    if not part:
+        return given, ""
+    if given is None:
+        return given, f"The fix has {kind} part: connect the {name} to HalfSafe Fix to apply it."
+    try:
+        fixed, done = apply(given, part)
+    except Exception as error:
+        return given, f"The {name} is used as it is: {_one_sentence(error)}"
+    return fixed, f"The {name}: {done}."
 
 
 class HalfSafeNaNWatch:

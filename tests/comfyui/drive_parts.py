@@ -149,6 +149,14 @@ def main() -> None:
     }
     _, said, passed = nodes["HalfSafeFix"]().fix(model, fix, None)[:3]
     found["no_vae_connected"] = {"said": said, "vae": passed is None}
+    # A VAE part that cannot be put on this VAE (a layer it lacks): the model's fix stays.
+    astray = {**fix, "vae": {**fix["vae"], "islands": {"decoder.no_such_block": "fp32"}}}
+    patched, said, passed = nodes["HalfSafeFix"]().fix(model, astray, planted)[:3]
+    found["vae_part_fails"] = {
+        "said": said,
+        "vae_as_given": passed is planted and planted.patcher.object_patches == {},
+        "model_fixed": patched is not model and bool(patched.object_patches),
+    }
 
     found["untouched"] = {
         "model": model.object_patches == {} and drive.weights_digest(model) == before["model"],

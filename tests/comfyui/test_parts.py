@@ -86,6 +86,16 @@ def test_a_vae_fix_without_a_vae_connected_is_said_and_nothing_invented(driven):
     assert "connect the VAE to HalfSafe Fix to apply it" in found["said"]
 
 
+def test_a_vae_part_that_cannot_be_applied_leaves_the_models_fix_on(driven):
+    found = driven["vae_part_fails"]
+    assert found["model_fixed"] and found["vae_as_given"]
+    assert found["said"].startswith("HalfSafe Fix: 1 layer(s) kept wider (diffusion_model.")
+    assert (
+        "The VAE is used as it is: The VAE has no layer first_stage_model.decoder.no_such_block "
+        "to keep wider." in found["said"]
+    )
+
+
 def test_the_model_vae_and_clip_passed_in_are_unchanged(driven):
     assert driven["untouched"] == {"model": True, "vae": True, "clip": True}
 
