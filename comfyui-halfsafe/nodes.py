@@ -74,7 +74,9 @@ class HalfSafeCheck:
             text = found.text
             if fix is not None:
                 unsaid: list[str] = []
-                store.remember(model, fix, fix["summary"], fix.get("made_at") or {}, unsaid, vae)
+                store.remember(
+                    model, fix, fix["summary"], fix.get("made_at") or {}, unsaid, vae, clip
+                )
                 *lines, summary = text.split("\n")  # the line of verdicts stays the last
                 text = "\n".join([*lines, *unsaid, summary])
         except Exception as error:  # never stop the user's queue
@@ -109,7 +111,7 @@ class HalfSafeFix:
             host.diffusion_model(model)
             from_store = fix is None
             if fix is None:
-                fix = store.remembered(model, notes, vae)
+                fix = store.remembered(model, notes, vae, clip)
             if not fix:
                 said = "No fix to apply: the model is used as it is."
                 return (model, " ".join(notes + [said]), vae, clip)
@@ -120,9 +122,10 @@ class HalfSafeFix:
             said = f"HalfSafe Fix: {'; '.join(done)}."
             if from_store:
                 said += f" The fix remembered for this model on this device: {fix['summary']}"
-                vae_said = (fix.get("vae") or {}).get("summary")
-                if vae_said and vae_said not in fix["summary"]:
-                    said += f" The fix remembered for this VAE: {vae_said}"
+                for part, whose in (("vae", "this VAE"), ("text_encoder", "this CLIP")):
+                    part_said = (fix.get(part) or {}).get("summary")
+                    if part_said and part_said not in fix["summary"]:
+                        said += f" The fix remembered for {whose}: {part_said}"
         except Exception as error:
             return (model, _one_sentence(error), vae, clip)
         # Each other part on its own: one that cannot be applied leaves the model's fix

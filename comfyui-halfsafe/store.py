@@ -34,6 +34,12 @@ def vae_file(vae) -> Path | None:
     return _loaded_from(getattr(vae, "patcher", None))
 
 
+def clip_file(clip) -> Path | None:
+    """The single checkpoint ComfyUI's loader read this CLIP from; None for a CLIP of text
+    encoder files of their own (its recipe names a list of them)."""
+    return _loaded_from(getattr(clip, "patcher", None))
+
+
 def profile_key(model, notes: list[str]) -> str | None:
     """The store's key for the file this MODEL was loaded from (`file_key`). None, with a
     sentence in `notes`, where ComfyUI does not say which file it is."""
@@ -468,13 +474,78 @@ def vae_fix_from_settings(vae, settings: dict, notes: list[str]) -> dict | None:
     return fix if fix["component"] or fix["islands"] else None
 
 
+# --- the text encoders' part -----------------------------------------------------------------
+
+TEXT_ENCODER_PART = "text_encoder"  # the part's name in the nodes' fix and a stored entry
+
+
+def _text_encoder_components(path: Path) -> list[str]:
+    """The text encoders (HalfSafe's component names) HalfSafe reads in the checkpoint `path`,
+    from its header alone; none where HalfSafe does not load it."""
+    from app.core.checkpoint import Checkpoint
+    from app.core.errors import HalfSafeError
+    from app.core.families.registry import detect_architecture
+
+    try:
+        with Checkpoint(path) as checkpoint:
+            detection = detect_architecture(
+                checkpoint.shapes, metadata=checkpoint.metadata, name=path.name
+            )
+    except (HalfSafeError, OSError, ValueError):
+        return []
+    return [layout.component for layout in detection.text_encoders] if detection.supported else []
+
+
+def text_encoder_fix_settings(path: Path) -> dict:
+    """The text-encoder fix HalfSafe Check proves (the CLIP's every encoder in fp32) as
+    HalfSafe's settings for the checkpoint `path`: each of its text encoders' precision; empty
+    where HalfSafe reads no text encoder in it."""
+    from app.core.components import COMPONENTS
+
+    return {COMPONENTS[c].setting: "fp32" for c in _text_encoder_components(path)}
+
+
+def _text_encoder_share(settings: dict, upsampler: bool = True) -> dict:
+    """The text encoders' share of stored settings (with a prompt upsampler's, where
+    `upsampler`): their precisions and their layers."""
+    from app.core.components import COMPONENTS, Role
+
+    roles = (Role.TEXT_ENCODER, Role.PROMPT_UPSAMPLER) if upsampler else (Role.TEXT_ENCODER,)
+    own = {c.setting for c in COMPONENTS.values() if c.role in roles and not c.borrows_setting}
+    share: dict = {k: v for k, v in settings.items() if k in own and v not in ("auto", None, False)}
+    for name in MODULE_LISTS:
+        entries = [e for e in settings.get(name) or [] if _role(str(e).partition(":")[0]) in roles]
+        if entries:
+            share[name] = entries
+    return share
+
+
+def text_encoder_fix_from_settings(settings: dict, path: Path, notes: list[str]) -> dict | None:
+    """A remembered fix's text-encoder share as the nodes' fix for the CLIP of the checkpoint
+    `path`: the whole CLIP in fp32, the one fix HalfSafe Fix puts on a CLIP, which holds every
+    narrower one (a layer or one of its encoders kept wider, bf16); None where the share is
+    empty."""
+    share = _text_encoder_share(settings, upsampler=False)
+    if not share:
+        return None
+    if share != text_encoder_fix_settings(path):
+        notes.append(
+            "The remembered fix keeps part of the text encoder wider; HalfSafe Fix runs the "
+            "whole CLIP in fp32, which holds it."
+        )
+    return {"islands": {}, "component": "fp32"}
+
+
 # --- remembering -----------------------------------------------------------------------------
 
 
-def remember(model, fix: dict, summary: str, made_at: dict, notes: list[str], vae=None) -> None:
-    """Store a proved fix for this model file on this device, and its VAE part (`fix["vae"]`)
-    for the file `vae` was loaded from (the checkpoint that carried it, or a VAE file): one
-    entry where both are one file. A part this check did not prove keeps what that file's
+def remember(
+    model, fix: dict, summary: str, made_at: dict, notes: list[str], vae=None, clip=None
+) -> None:
+    """Store a proved fix for this model file on this device, its VAE part (`fix["vae"]`)
+    for the file `vae` was loaded from (the checkpoint that carried it, or a VAE file), and its
+    text-encoder part (`fix["text_encoder"]`) for the checkpoint `clip` was loaded from: one
+    entry where they are one file. A part this check did not prove keeps what that file's
     entry held for it. A sentence in `notes` when a file cannot be named or the store cannot
     be written."""
     from .parts import _dtype_name
@@ -506,8 +577,31 @@ def remember(model, fix: dict, summary: str, made_at: dict, notes: list[str], va
                 proved_at,
                 VAE_COMPONENT,
             )
+    if fix.get(TEXT_ENCODER_PART) and clip is not None:
+        _remember_text_encoder(model, clip, fix[TEXT_ENCODER_PART], wanted, notes)
     for (key, device), entry in wanted.items():
         _store(key, device, entry, notes)
+
+
+def _remember_text_encoder(model, clip, part: dict, wanted: dict, notes: list[str]) -> None:
+    """Add the text-encoder part to the entry of the checkpoint `clip` came from, under the
+    device the model runs on (the desktop keys a checkpoint's every part by it)."""
+    path = clip_file(clip)
+    if path is None:
+        notes.append(
+            "The text encoder's fix is not remembered: HalfSafe keys it by the checkpoint "
+            "that carries the CLIP, and this CLIP came from text-encoder files of their own."
+        )
+        return
+    said: list[str] = []
+    key = file_key(path, said)
+    settings = text_encoder_fix_settings(path) if key else {}
+    if not settings:
+        why = " ".join(said) or f"HalfSafe reads no text encoder in {path.name}."
+        notes.append(f"The text encoder's fix is not remembered: {why}")
+        return
+    place = wanted.setdefault((key, device_name(model)), _empty_entry())
+    _add(place, settings, part["summary"], {}, TEXT_ENCODER_PART)
 
 
 def _empty_entry() -> dict:
@@ -531,17 +625,22 @@ def _store(key: str, device: str, entry: dict, notes: list[str]) -> None:
     """Write `entry` under this file and device, keeping the share of each part it does not
     prove from what was stored there."""
     from app.core.fixing import file_fixes, profiles
+    from app.core.precision.words import fix_words
 
     settings, summaries = dict(entry["settings"]), list(entry["summaries"])
     made_at, parts = dict(entry["made_at"]), list(entry["parts"])
     held = profiles.lookup(key, device).fix
-    for other in (COMPONENT, VAE_COMPONENT):
+    for other in (COMPONENT, VAE_COMPONENT, TEXT_ENCODER_PART):
         if held is None or any(_role(p) is _role(other) for p in parts):
             continue
-        kept = file_fixes.part_settings(held.settings, other)
+        if other == TEXT_ENCODER_PART:
+            kept = _text_encoder_share(held.settings)
+        else:
+            kept = file_fixes.part_settings(held.settings, other)
         if kept:
             _join(settings, kept)
-            summaries.append(held.summary)
+            # Said from the share itself: the held summary also speaks of the parts replaced.
+            summaries.append(f"Kept from the fix remembered before: {fix_words(kept)}.")
             made_at = {**held.made_at, **made_at}
             parts.append(other)
     profiles.remember_fix(
@@ -564,11 +663,12 @@ def _device_words(device) -> str:
     return describe_device(torch.device(device)).name
 
 
-def remembered(model, notes: list[str], vae=None) -> dict | None:
+def remembered(model, notes: list[str], vae=None, clip=None) -> dict | None:
     """The fix remembered for this model file on this device, as the nodes' fix, with its VAE
     part (`fix["vae"]`) where `vae` is given and a fix is remembered for the file it was
-    loaded from (None, with a sentence in `notes`, where there is none to use). Without a
-    `vae`, only the diffusion model's part."""
+    loaded from, and its text-encoder part (`fix["text_encoder"]`) where `clip` is given and
+    one is remembered for the checkpoint it came from (None, with a sentence in `notes`, where
+    there is none to use). Without them, only the diffusion model's part."""
     from app.core.fixing import file_fixes, profiles
 
     fix = None
@@ -588,15 +688,44 @@ def remembered(model, notes: list[str], vae=None) -> dict | None:
                     "The remembered fix has a VAE part: connect the VAE to HalfSafe Fix to "
                     "apply it."
                 )
-    if vae is None:
-        return fix
-    part = _remembered_vae(vae, notes)
-    if part is None:
-        return fix
-    fix = fix or {"component": None, "islands": {}, "clamps": [], "attention": None}
-    fix.setdefault("summary", part["summary"])
-    fix["vae"] = part
+            if clip is None and _text_encoder_share(found.fix.settings, upsampler=False):
+                notes.append(
+                    "The remembered fix has a text-encoder part: connect the CLIP to "
+                    "HalfSafe Fix to apply it."
+                )
+    for name, given, find in (
+        ("vae", vae, _remembered_vae),
+        (TEXT_ENCODER_PART, clip, lambda c, n: _remembered_text_encoder(model, c, n)),
+    ):
+        part = find(given, notes) if given is not None else None
+        if part is None:
+            continue
+        fix = fix or {"component": None, "islands": {}, "clamps": [], "attention": None}
+        fix.setdefault("summary", part["summary"])
+        fix[name] = part
     return fix
+
+
+def _remembered_text_encoder(model, clip, notes: list[str]) -> dict | None:
+    """The text-encoder part of the fix remembered for the checkpoint `clip` came from (None
+    where there is none, or the CLIP came from files of its own)."""
+    from app.core.fixing import profiles
+
+    path = clip_file(clip)
+    if path is None:
+        return None
+    said: list[str] = []
+    key = file_key(path, said)
+    if key is None:
+        notes.append(f"No remembered fix for the text encoder: {' '.join(said)}")
+        return None
+    found = profiles.lookup(key, device_name(model))
+    if found.fix is None:
+        return None
+    part = text_encoder_fix_from_settings(dict(found.fix.settings), path, notes)
+    if part is not None:
+        part["summary"] = found.fix.summary
+    return part
 
 
 def _remembered_vae(vae, notes: list[str]) -> dict | None:
