@@ -201,6 +201,15 @@ def family_transformer(family: str, seed: int = 0):
     return transformer
 
 
+def family_adapter(seed: int = 1):
+    """Anima's LLM adapter at the released shape ComfyUI fixes, its weights drawn in fp16."""
+    import torch
+
+    torch.manual_seed(seed)
+    with _built_in(torch.float16):
+        return _anima_adapter().eval().requires_grad_(False)
+
+
 def write_family_file(family: str, folder: str | Path, planted: bool) -> Path:
     """A `family` transformer file in fp16 under `folder`, with its query projection planted
     past fp16's range or not."""
@@ -218,9 +227,7 @@ def write_family_file(family: str, folder: str | Path, planted: bool) -> Path:
     if family == "anima":  # the LLM adapter beside the DiT, as Anima's file keeps it
         from safetensors.torch import load_file
 
-        torch.manual_seed(1)
-        with _built_in(torch.float16):
-            adapter = _anima_adapter().eval()
+        adapter = family_adapter()
         state = load_file(str(path))
         state.update({f"llm_adapter.{k}": v.half() for k, v in adapter.state_dict().items()})
         write_safetensors(path, state)
