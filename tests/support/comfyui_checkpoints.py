@@ -14,6 +14,20 @@ PLANTED = "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"
 PLANTED_CLIP = "encoder.layers.5.mlp.fc1"
 
 
+def tiny_vae():
+    """The checkpoints' VAE: SD's 4-channel latent, two 1-block levels (drawn from the seed set
+    before it)."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(
+        latent_channels=4,
+        layers_per_block=1,
+        block_out_channels=(32, 64),
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+    ).eval()
+
+
 def tiny_sd1_checkpoint(path: Path, planted: bool = True, full_clip: bool = False) -> Path:
     """A single-file SD1 checkpoint ComfyUI's own loader reads as SD1 (320 channels, a
     768-wide context, one level), with `PLANTED` scaled past fp16's range where `planted`, a
@@ -22,7 +36,6 @@ def tiny_sd1_checkpoint(path: Path, planted: bool = True, full_clip: bool = Fals
     `PLANTED_CLIP` scaled past fp16's range too where `planted` (finite in fp32)."""
     import torch
     from diffusers import (
-        AutoencoderKL,
         PNDMScheduler,
         StableDiffusionPipeline,
         UNet2DConditionModel,
@@ -42,13 +55,7 @@ def tiny_sd1_checkpoint(path: Path, planted: bool = True, full_clip: bool = Fals
         up_block_types=("CrossAttnUpBlock2D",),
         cross_attention_dim=768,
     ).eval()
-    vae = AutoencoderKL(
-        latent_channels=4,
-        layers_per_block=1,
-        block_out_channels=(32, 64),
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-    ).eval()
+    vae = tiny_vae()
     sizes = (
         {"intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12}
         if full_clip
@@ -97,7 +104,6 @@ def tiny_sdxl_checkpoint(path: Path, planted: bool = True) -> Path:
     widths (768 and 1280, which the context and the pooled vector read); a tiny VAE. In fp16."""
     import torch
     from diffusers import (
-        AutoencoderKL,
         EulerDiscreteScheduler,
         StableDiffusionXLPipeline,
         UNet2DConditionModel,
@@ -126,13 +132,7 @@ def tiny_sdxl_checkpoint(path: Path, planted: bool = True) -> Path:
         addition_time_embed_dim=256,
         projection_class_embeddings_input_dim=2816,
     ).eval()
-    vae = AutoencoderKL(
-        latent_channels=4,
-        layers_per_block=1,
-        block_out_channels=(32, 64),
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-    ).eval()
+    vae = tiny_vae()
     vae.register_to_config(scaling_factor=0.13025)
 
     def encoder(width: int, heads: int, activation: str, projection: bool):
