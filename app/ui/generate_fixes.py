@@ -132,7 +132,7 @@ class FixOffers:
             words.fix_short(own, self.state.components()),
             "generation",
             on_failed=not_remembered,
-            made_at=dtype_settings_of(result.settings),
+            made_at=dtype_settings_of(result.settings, self.state.components()),
         )
 
     def apply_fix_and_regenerate(self, entry: GalleryEntry) -> int | None:

@@ -407,3 +407,45 @@ def test_a_generation_proving_a_checked_fix_again_keeps_the_checks_proof():
     assert replaced is not None and replaced.verified_by == "generation repair"
     assert replaced.settings == other
     assert len(json.loads(path.read_text())) == SEEDED + 1
+
+
+@pytest.mark.parametrize("upsampler", [False, True], ids=["sd1", "with_prompt_upsampler"])
+def test_the_app_records_a_jobs_precision_as_the_check_records_its_plan(upsampler):
+    """The check remembers a fix at its plan's precision (`PrecisionPlan.dtype_settings`); the
+    app, remembering the same fix after an image made with it came out finite, records the
+    job's precision from the settings the job recorded (`dtype_settings_of`), which name every
+    part's precision, the prompt upsampler's too. For a model without an upsampler that extra
+    key made the two records differ, so the generation's weaker proof replaced the check's (the
+    Fixes page lost its figure)."""
+    from app.core.generation.records import settings_of
+    from app.core.precision import PrecisionPlan
+    from app.core.precision.plan import dtype_settings_of
+    from app.core.settings import PrecisionSettings
+
+    parts = ["text_encoder", "unet", "vae", *(["prompt_upsampler"] if upsampler else [])]
+    plan = PrecisionPlan(device="cpu", dtypes=dict.fromkeys(parts, "fp16"))
+    job_settings = settings_of(plan, PrecisionSettings(precision="fp16"))  # as a job records
+    assert "prompt_upsampler_precision" in job_settings
+    assert dtype_settings_of(job_settings, parts) == plan.dtype_settings()
+
+    seed()
+    layers = {"bf16_modules": ["vae:decoder.conv_in"]}
+    checked = profiles.remember_fix(
+        NEW,
+        DEVICE,
+        layers,
+        "keep 1 VAE layer in bf16",
+        "health check",
+        TORCH,
+        made_at=plan.dtype_settings(),
+    )
+    profiles.remember_fix(
+        NEW,
+        DEVICE,
+        layers,
+        "keep 1 VAE layer in bf16",
+        "generation repair",
+        TORCH,
+        made_at=dtype_settings_of(job_settings, parts),
+    )
+    assert profiles.remembered_fix(NEW, DEVICE, TORCH) == checked

@@ -5,7 +5,7 @@ checkable components. No torch at import.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,12 +23,17 @@ DTYPE_SETTINGS = ("precision", *dict.fromkeys(COMPONENT_SETTING.values()))
 _BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 
-def dtype_settings_of(effective: Mapping[str, Any]) -> dict[str, Any]:
+def dtype_settings_of(effective: Mapping[str, Any], components: Collection[str]) -> dict[str, Any]:
     """`PrecisionPlan.dtype_settings` from a plan's effective settings as a job records them
-    (`GenerationResult.settings`): what a fix proved in that job is a fix for."""
+    (`GenerationResult.settings`) and the model's `components`: what a fix proved in that job
+    is a fix for (the prompt upsampler's precision only where the model has one: a fix proved
+    without one is for the same settings it always was, and the check's record of it is the
+    same record)."""
     settings = {key: effective[key] for key in DTYPE_SETTINGS if key in effective}
     if settings.get("precision") == "mixed":  # every part's own setting says it
         settings["precision"] = settings.get("unet_precision", "fp16")
+    if "prompt_upsampler" not in components:
+        settings.pop("prompt_upsampler_precision", None)
     settings.update(no_half=False, no_half_vae=False)
     return settings
 
@@ -206,12 +211,8 @@ class PrecisionPlan:
     def dtype_settings(self) -> dict[str, Any]:
         """The dtype of each part as the settings that give it whatever else is set: the base
         and per-part precisions, no-half off. What a fix found under this plan is a fix for
-        (the prompt upsampler's precision only where the model has one: a fix proved without
-        one is for the same settings it always was)."""
-        settings = dtype_settings_of(self.effective_settings())
-        if "prompt_upsampler" not in self.dtypes:
-            settings.pop("prompt_upsampler_precision", None)
-        return settings
+        (`dtype_settings_of`)."""
+        return dtype_settings_of(self.effective_settings(), self.dtypes)
 
     def module_settings(self) -> dict[str, list[str]]:
         """The plan's module islands and clamps as the `fp32_modules`, `bf16_modules` and
