@@ -46,6 +46,10 @@ ENCODER_KIND = "t5"
 RUN_PACKAGE = "app/core/run/"
 SHARED_STAGES = frozenset({"encode_picture", "decode"})
 NOT_STAGES = ("app/core/families/", "app/core/precision/lowbit.py")
+# The run path's packages, whose classes compose their parts rather than stack them: a class
+# there builds on at most one class of these packages, itself built on none (generation's job
+# once stacked `Job(Repairs(Probes(JobStages)))`).
+RUN_PATH = ("app/core/run/", "app/core/generation/", "app/core/health/", "app/core/fixing/")
 
 
 def _sources(root: Path, under: Path) -> Iterator[tuple[str, ast.Module]]:
@@ -245,6 +249,28 @@ def stages_defined_outside_run(root: Path) -> list[str]:
     return sorted(found)
 
 
+def stacked_classes(root: Path) -> list[str]:
+    """file:line Class of each class under `RUN_PATH` whose base, itself one of those packages'
+    classes, builds on another of them (bases named by their last name)."""
+    bases: dict[str, list[str]] = {}
+    defined: dict[str, str] = {}
+    for where, tree in _sources(root, root / "app"):
+        if not where.startswith(RUN_PATH):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                named = [
+                    b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases
+                ]
+                bases[node.name] = [b for b in named if b]
+                defined[node.name] = f"{where}:{node.lineno} {node.name}"
+    return sorted(
+        defined[name]
+        for name, own in bases.items()
+        if any(any(b in bases for b in bases.get(base, [])) for base in own if base in bases)
+    )
+
+
 def _plant(root: Path, where: str, source: str) -> None:
     path = root / where
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -429,6 +455,27 @@ def test_no_class_outside_the_run_package_defines_a_shared_stage(tmp_path):
     offenders = stages_defined_outside_run(ROOT)
     assert not offenders, (
         "a stage written outside app/core/run (compose `run.stages.Stages`): "
+        + ", ".join(offenders)
+    )
+
+
+def test_the_run_paths_classes_compose_their_parts_rather_than_stack_them(tmp_path):
+    _plant(
+        tmp_path,
+        "app/core/generation/planted.py",
+        "class JobStages:\n    pass\nclass Probes(JobStages):\n    pass\n"
+        "class Repairs(Probes):\n    pass\nclass Job(Repairs):\n    pass\n",
+    )
+    _plant(tmp_path, "app/core/families/base.py", "class A:\n    pass\nclass B(A):\n    pass\n")
+    _plant(tmp_path, "app/core/families/c.py", "class C(B):\n    pass\n")  # families may
+    assert stacked_classes(tmp_path) == [
+        "app/core/generation/planted.py:5 Repairs",
+        "app/core/generation/planted.py:7 Job",
+    ]
+
+    offenders = stacked_classes(ROOT)
+    assert not offenders, (
+        "a run-path class built on a chain of the run path's classes (compose the parts): "
         + ", ".join(offenders)
     )
 

@@ -328,7 +328,7 @@ def _run_and_repair(job: Job, plan, seeds: list[int], auto_fix: str, warnings: l
         repair = None
         if component and auto_fix == "auto":
             try:
-                repair = job.repair(index, seed, outcome, len(seeds))
+                repair = job.repairs.repair(index, seed, outcome, len(seeds))
             except RuntimeError as error:
                 if is_out_of_memory(error):
                     raise
@@ -369,9 +369,9 @@ def _described(
         if still is not None and auto_fix == "ask" and not cached:
             # The quick test starts by running the failing part again unchanged: a NaN that
             # does not come back is no precision problem, so no precision fix is offered.
-            intermittent = not job.recurs(still, outcome)
+            intermittent = not job.repairs.recurs(still, outcome)
         if still is not None and auto_fix in ("off", "ask") and not (intermittent or cached):
-            suggestion = job.suggest(still, outcome, verify=auto_fix == "ask")
+            suggestion = job.repairs.suggest(still, outcome, verify=auto_fix == "ask")
         entry = describe(
             seed,
             outcome,
@@ -411,8 +411,8 @@ def _learned_fix(
         job_plans.without_layers(remembered.settings, plan.remembered_dropped) if remembered else {}
     )
     kept = {key: value for key, value in usable.items() if key in ran_with}
-    merged = {**kept, **job.fix_settings}
-    parts = join_words(job.fixed_components)
+    merged = {**kept, **job.repairs.fix_settings}
+    parts = join_words(job.repairs.fixed_components)
     # What of it the user's settings overrode (a layer the model lacks is no override).
     asked = precision.to_dict()
     overridden = {
@@ -423,7 +423,7 @@ def _learned_fix(
     return _Learned(
         merged,
         f"The {parts} went non-finite during generation; fix: "
-        f"{'; '.join(job.fix_words)}. Verified by repairing the image, which came out "
+        f"{'; '.join(job.repairs.fix_words)}. Verified by repairing the image, which came out "
         "finite.",
         plan.dtype_settings(),
         overrode_remembered=overridden,
@@ -485,11 +485,11 @@ def _generate_unsaved(
         progress("Encoding the prompt", 0, steps_run(request.steps, request.strength, mode))
         finals = _run_and_repair(job, plan, seeds, auto_fix, warnings)
         entries = _described(job, seeds, finals, auto_fix, watch, request, precision)
-        if job.fix_settings and any(e.status == "fixed" for e in entries):
+        if job.repairs.fix_settings and any(e.status == "fixed" for e in entries):
             learned = _learned_fix(job, plan, remembered, precision, remembered_note)
     finally:
         job.placed.release()
-    warnings.extend(dict.fromkeys(job.dropped))
+    warnings.extend(dict.fromkeys(job.repairs.dropped))
     warnings.extend(job.notes)
     if pictures is not None and pictures.paste is not None:
         for entry in entries:

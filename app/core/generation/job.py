@@ -1,19 +1,28 @@
-"""One generation job: its stages (`stages`), the probes of a failing part (`probes`), its
-repairs (`repair`), and the pipeline's safety checker run over the finished images."""
+"""One generation job: its stages (`stages`), beside them the probes of a failing part
+(`probes`) and the repairs built on those (`repair`), and the pipeline's safety checker run
+over the finished images."""
 
 from __future__ import annotations
 
 import weakref
 from typing import Any
 
+from app.core.generation.probes import Probes
 from app.core.generation.repair import Repairs
+from app.core.generation.stages import JobStages
 from app.core.images.finished import image_array
 from app.core.run.stage_run import computing
 
 
-class Job(Repairs):
+class Job(JobStages):
     """One request on one PlacedPipeline, run on the calling thread: encode, denoise and decode
-    (`run`), repair an image (`repair`) or suggest a fix (`suggest`), and the safety check."""
+    (`run`); its repairer (`repairs`: repair an image, tell whether a failure recurs, suggest a
+    fix) over its probes (`probes`); and the safety check."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.probes = Probes(self)
+        self.repairs = Repairs(self, self.probes)
 
     def safety_check(self, images: list[Any]) -> tuple[list[bool], list[Any]]:
         """Run the pipeline's safety checker, if it has one: (flagged, images as it left them)."""

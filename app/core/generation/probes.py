@@ -9,38 +9,50 @@ from dataclasses import replace
 from typing import Any
 
 from app.core.fixing import job_plans
-from app.core.fixing.quality import compare
+from app.core.fixing.quality import Quality, compare
 from app.core.generation.stages import JobStages, Outcome, _first_bad
 from app.core.generation.watch import read_flags
 from app.core.precision import PrecisionPlan
 
 
-class Probes(JobStages):
-    """A job's stages and the probes that re-run one failing part of an image."""
+class Probes:
+    """The probes that re-run one failing part of a job's image, on that job's stages (`job`),
+    and what they found: per failed outcome, the first bad layer of its identical re-run and
+    whether that re-run went non-finite again, the fp32 reference outputs, and the last figure
+    of each part's fix against fp32."""
+
+    def __init__(self, job: JobStages) -> None:
+        self.job = job
+        # Per (component, id(outcome)): the first bad layer of the probe re-run, and whether
+        # that identical re-run went non-finite again (`first_bad_module`).
+        self._probed: dict[tuple[str, int], tuple[Any, str | None]] = {}
+        self.recurred: dict[tuple[str, int], bool] = {}
+        self._references: dict[tuple[str, int], Any] = {}  # fp32 outputs of failing parts
+        self.qualities: dict[str, Quality] = {}  # component -> its fix against fp32
 
     def unet_forward(self, plan: PrecisionPlan, inputs: dict[str, Any], record: bool = False):
         """One denoiser call on a kept failing input: (its output, first bad module)."""
         import torch
 
         def call(stage):
-            out = self.placed[self.family.denoiser](**dict(inputs), return_dict=False)[0]
+            out = self.job.placed[self.job.family.denoiser](**dict(inputs), return_dict=False)[0]
             if isinstance(out, list):  # a denoiser that returns one tensor per image (Z-Image)
                 out = torch.stack(out)
             return out
 
-        out, recorder = self._stage(plan, [self.family.denoiser], call, record)
-        first_bad = self._read(recorder, out)
+        out, recorder = self.job.stage_call(plan, [self.job.family.denoiser], call, record)
+        first_bad = self.job.read_recorder(recorder, out)
         return out, first_bad
 
     def encoder_probe(self, plan: PrecisionPlan, component: str, record: bool = False):
         """Encode the prompt under `plan`: (this encoder finite?, first bad module)."""
-        watching, self.watch = self.watch, True
+        watching, self.job.watch = self.job.watch, True
         try:
-            conditioning = self.encode(plan, record=component if record else None)
+            conditioning = self.job.encode(plan, record=component if record else None)
         finally:
-            self.watch = watching
+            self.job.watch = watching
         bad = read_flags([conditioning.bad[component]])[0]
-        first_bad = _first_bad(self.last_probe) if record else None
+        first_bad = _first_bad(self.job.last_probe) if record else None
         return not bad, first_bad
 
     def wide_probe(self, component: str, outcome: Outcome):
@@ -48,18 +60,18 @@ class Probes(JobStages):
         (a `probe.ProbeResult`, from which `diagnosis` draws the layers to keep wider), or None
         when no input was kept to re-run."""
         plan = job_plans.fp32_reference(outcome.plan)
-        self.last_probe = None
+        self.job.last_probe = None
         if component == "vae":
-            self.decoded(plan, _decoded(outcome), record=True)
+            self.job.decoded(plan, _decoded(outcome), record=True)
         elif component == "vae_encoder":
-            self.picture(plan, record=True, pixels=outcome.enlarged)
+            self.job.picture(plan, record=True, pixels=outcome.enlarged)
         elif component == outcome.denoiser:
             if outcome.unet_input is None:
                 return None
             self.unet_forward(plan, outcome.unet_input, record=True)
         else:
             self.encoder_probe(plan, component, record=True)
-        return self.last_probe
+        return self.job.last_probe
 
     def first_bad_module(self, component: str, outcome: Outcome) -> str | None:
         """Re-run only the part that failed under the plan it failed with, recording every
@@ -74,22 +86,22 @@ class Probes(JobStages):
             return self._probed[key][1]
         recurred = True
         if component == "vae":
-            pixels, name = self.decoded(outcome.plan, _decoded(outcome), record=True)
+            pixels, name = self.job.decoded(outcome.plan, _decoded(outcome), record=True)
             recurred = not np.isfinite(pixels).all()
         elif component == "vae_encoder":
-            picture = self.picture(outcome.plan, record=True, pixels=outcome.enlarged)
-            name = _first_bad(self.last_probe)
+            picture = self.job.picture(outcome.plan, record=True, pixels=outcome.enlarged)
+            name = _first_bad(self.job.last_probe)
             recurred = bool(read_flags([picture.bad])[0])
         elif component == outcome.denoiser:
             if outcome.unet_input is None:
-                return self.first_bad.get(component)
+                return self.job.first_bad.get(component)
             out, name = self.unet_forward(outcome.plan, outcome.unet_input, record=True)
             recurred = not bool(torch.isfinite(out).all())
         else:
             finite, name = self.encoder_probe(outcome.plan, component, record=True)
             recurred = not finite
         if name:
-            self.first_bad[component] = name
+            self.job.first_bad[component] = name
         self._probed[key] = (outcome, name)  # the outcome kept alive: its id stays its own
         self.recurred[key] = recurred
         return name
@@ -104,9 +116,9 @@ class Probes(JobStages):
         plan = replace(plan, compute_in_place=True)
 
         if component == "vae":
-            return torch.from_numpy(self.decoded(plan, _decoded(outcome))[0])
+            return torch.from_numpy(self.job.decoded(plan, _decoded(outcome))[0])
         if component == "vae_encoder":
-            picture = self.picture(plan, pixels=outcome.enlarged)
+            picture = self.job.picture(plan, pixels=outcome.enlarged)
             if isinstance(picture.latents, list):  # an edit's references
                 return picture.latents
             return (
@@ -116,7 +128,7 @@ class Probes(JobStages):
             if outcome.unet_input is None:
                 return None
             return self.unet_forward(plan, outcome.unet_input)[0]
-        return self.encode(plan).embeds
+        return self.job.encode(plan).embeds
 
     def verify(self, component: str, plan: PrecisionPlan, outcome: Outcome):
         """Whether `plan` repairs the failing part, from one forward pass: finite, and in

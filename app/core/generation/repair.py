@@ -14,7 +14,7 @@ from app.core.fixing.fix_candidates import FixCandidate, candidate_fixes
 from app.core.fixing.quality import Quality
 from app.core.generation import step_cache
 from app.core.generation.probes import Probes
-from app.core.generation.stages import Outcome, failure
+from app.core.generation.stages import JobStages, Outcome, failure
 from app.core.images.finished import to_image
 from app.core.memory import is_out_of_memory
 from app.core.precision import PrecisionPlan
@@ -40,8 +40,19 @@ class Repair:
     caches: tuple[float, bool] = (0.0, False)
 
 
-class Repairs(Probes):
-    """A job's stages and probes, and the repairs built on them."""
+class Repairs:
+    """The repairs of a job's images, on its stages (`job`) and probes (`probes`), and what
+    they found: every fix accepted so far on top of the job's plan (`repair_plan`), its
+    settings and words, the parts it fixed, and the candidates that could not run."""
+
+    def __init__(self, job: JobStages, probes: Probes) -> None:
+        self.job = job
+        self.probes = probes
+        self.repair_plan = job.plan  # every fix found so far, on top of the plan
+        self.fix_settings: dict[str, Any] = {}
+        self.fix_words: list[str] = []
+        self.fixed_components: list[str] = []
+        self.dropped: list[str] = []  # candidates that failed to run, as sentences
 
     def candidates(self, component: str, outcome: Outcome):
         """Fixes to try for `component`, cheapest first, on top of the fixes already found.
@@ -52,7 +63,7 @@ class Repairs(Probes):
         base = self.repair_plan
         if _relevant_change(component, outcome.plan, base):
             yield FixCandidate(base, dict(self.fix_settings))
-        first_bad = self.first_bad_module(component, outcome)
+        first_bad = self.probes.first_bad_module(component, outcome)
         part = module_of(component)  # the VAE's encoder is fixed by the VAE's fixes
         yield from candidate_fixes(
             part,
@@ -61,9 +72,9 @@ class Repairs(Probes):
             # The loaded part, for its layers' names and kinds: the placed copy, held by this
             # generator for the whole search, would still be in memory when the fix's copy is
             # made (a bf16 transformer generated in fp16: both fp16 copies at once, 2.4 GiB).
-            getattr(self.model.pipeline, part),
-            self.bf16_native,
-            lambda: self.wide_probe(component, outcome),
+            getattr(self.job.model.pipeline, part),
+            self.job.bf16_native,
+            lambda: self.probes.wide_probe(component, outcome),
         )
         if module_of(component) != "vae" and any(d != "fp32" for d in base.dtypes.values()):
             yield fix_candidates.everything_fp32(base)
@@ -92,8 +103,8 @@ class Repairs(Probes):
                 break
             repaired = None
             for candidate in self.candidates(component, result.outcome):
-                self.cancel.raise_if_cancelled()
-                self.progress(f"Image {index + 1} of {total}: {candidate.words}", 0, 1)
+                self.job.cancel.raise_if_cancelled()
+                self.job.progress(f"Image {index + 1} of {total}: {candidate.words}", 0, 1)
                 try:
                     repaired = self._try(component, candidate, result.outcome, seed)
                 except CancelledError:
@@ -108,7 +119,7 @@ class Repairs(Probes):
                     continue
                 if repaired is not None:
                     self._accept(component, candidate)
-                    quality = self.qualities.get(component)
+                    quality = self.probes.qualities.get(component)
                     if quality is not None and (
                         result.quality is None or quality.value < result.quality.value
                     ):
@@ -118,10 +129,10 @@ class Repairs(Probes):
                     result.outcome = repaired
                     break
             if result.first_bad_module is None:
-                result.first_bad_module = self.first_bad.get(component)
+                result.first_bad_module = self.job.first_bad.get(component)
             if repaired is None:
                 break
-        if fix_candidates.switched_backend(result.settings, self.plan) is not None:
+        if fix_candidates.switched_backend(result.settings, self.job.plan) is not None:
             result.cause = "kernel"
         return result
 
@@ -133,14 +144,14 @@ class Repairs(Probes):
         stay off for the rest of the job. Right then, a cache was the cause; still non-finite,
         that run is the one repaired."""
         caches = step_cache.names(outcome.step_cache, outcome.prompt_cache)
-        self.step_cache = 0.0
-        self.prompt_cache = False
-        self.progress(f"Image {index + 1} of {total}: making it again without {caches}", 0, 1)
-        self.stage = "Making the image again"
+        self.job.step_cache = 0.0
+        self.job.prompt_cache = False
+        self.job.progress(f"Image {index + 1} of {total}: making it again without {caches}", 0, 1)
+        self.job.stage = "Making the image again"
         try:
-            again = self.run(outcome.plan, [seed])[0]
+            again = self.job.run(outcome.plan, [seed])[0]
         finally:
-            self.stage = "Generating"
+            self.job.stage = "Generating"
         if failure(again) is not None:
             return again, None
         return again, Repair(
@@ -155,41 +166,41 @@ class Repairs(Probes):
     ) -> Repair | None:
         """The image made again exactly as before, when the failing part's identical re-run
         came out finite and so does the whole image (a VAE: the same latents decoded again)."""
-        first_bad = self.first_bad_module(component, outcome)
-        if self.recurred.get((component, id(outcome)), True):
+        first_bad = self.probes.first_bad_module(component, outcome)
+        if self.probes.recurred.get((component, id(outcome)), True):
             return None
-        self.progress(f"Image {index + 1} of {total}: making it again, unchanged", 0, 1)
+        self.job.progress(f"Image {index + 1} of {total}: making it again, unchanged", 0, 1)
         if component == "vae" and outcome.vae_latents is None:
-            image, stats = to_image(self.decoded(outcome.plan, outcome.latents)[0])
+            image, stats = to_image(self.job.decoded(outcome.plan, outcome.latents)[0])
             again = replace(outcome, image=image, stats=stats)
         else:
-            self.stage = "Making the image again"
+            self.job.stage = "Making the image again"
             try:
-                again = self.run(outcome.plan, [seed])[0]
+                again = self.job.run(outcome.plan, [seed])[0]
             finally:
-                self.stage = "Generating"
+                self.job.stage = "Generating"
         if failure(again) is not None:
             return None
         return Repair(
             again,
             fixes=["made again unchanged (same seed, same settings)"],
-            first_bad_module=first_bad or self.first_bad.get(component),
+            first_bad_module=first_bad or self.job.first_bad.get(component),
             cause="intermittent",
         )
 
     def _try(self, component: str, candidate: FixCandidate, outcome: Outcome, seed: int):
-        passed, output = self.verify(component, candidate.plan, outcome)
+        passed, output = self.probes.verify(component, candidate.plan, outcome)
         if not passed:
             return None
         # The verified decode is the image, unless it was a hires fix's first picture.
         if component == "vae" and output is not None and outcome.vae_latents is None:
             image, stats = to_image(output.numpy())
             return replace(outcome, plan=candidate.plan, image=image, stats=stats)
-        self.stage = "Making the image again"
+        self.job.stage = "Making the image again"
         try:
-            again = self.run(candidate.plan, [seed])[0]
+            again = self.job.run(candidate.plan, [seed])[0]
         finally:
-            self.stage = "Generating"
+            self.job.stage = "Generating"
         still = failure(again)
         if still and STAGES.index(still) <= STAGES.index(component):
             return None
@@ -207,8 +218,8 @@ class Repairs(Probes):
         """Whether the failing part's NaN comes back when that part alone runs again unchanged
         (the probe that names its first bad layer); True where no input was kept to tell, so
         that an unproven fault is never called intermittent."""
-        self.first_bad_module(component, outcome)
-        return self.recurred.get((component, id(outcome)), True)
+        self.probes.first_bad_module(component, outcome)
+        return self.probes.recurred.get((component, id(outcome)), True)
 
     def suggest(self, component: str, outcome: Outcome, verify: bool) -> FixCandidate | None:
         """The fix to offer without applying it: with `verify`, the cheapest that one forward
@@ -217,13 +228,13 @@ class Repairs(Probes):
             return None
         if verify:
             for candidate in self.candidates(component, outcome):
-                self.cancel.raise_if_cancelled()
-                if self.quick_check(component, candidate.plan, outcome):
+                self.job.cancel.raise_if_cancelled()
+                if self.probes.quick_check(component, candidate.plan, outcome):
                     return candidate
             return None
         dtype = outcome.plan.dtypes.get(module_of(component))
         key = COMPONENTS[component].setting
-        if dtype == "fp16" and self.bf16_native:
+        if dtype == "fp16" and self.job.bf16_native:
             return FixCandidate(outcome.plan, {key: "bf16"})
         if dtype != "fp32":
             return FixCandidate(outcome.plan, {key: "fp32"})

@@ -13,7 +13,6 @@ from typing import Any
 
 from app.core.encoders import t5
 from app.core.families import family_of
-from app.core.fixing.quality import Quality
 from app.core.generation import hires_pass, prompt_pass, step_cache
 from app.core.generation.passes import Conditioning, Picture
 from app.core.generation.preview import colours_for, latent_preview
@@ -75,8 +74,8 @@ class JobStages:
     stages (`run.stages.Stages`, in `stages`), with the NaN watch's flags and a failing part's
     recorder attached.
 
-    The job's whole state is set here, what its probes and repairs find included, so that a job
-    is built from one signature; `probes.Probes`, `repair.Repairs` and `job.Job` add methods.
+    What a job's probes and repairs find is theirs (`probes.Probes`, `repair.Repairs`), which
+    `job.Job` holds beside these stages.
     """
 
     def __init__(
@@ -105,26 +104,15 @@ class JobStages:
         self.cancel = cancel
         self.placed = PlacedPipeline(model.pipeline, plan, components=())  # placed per stage
         self.host = PipelineHost(model, self.placed, device)  # what the stages drive
-        self.stages = Stages(self.host, pictures, self._stage, probing=False)
+        self.stages = Stages(self.host, pictures, self.stage_call, probing=False)
         self.family = family_of(model.pipeline)
         self.do_cfg = request.cfg > 1.0
-        self.repair_plan = plan  # every fix found so far, on top of the plan
-        self.fix_settings: dict[str, Any] = {}
-        self.fix_words: list[str] = []
-        self.fixed_components: list[str] = []
         self.first_bad: dict[str, str] = {}  # component -> first layer seen going non-finite
-        self.qualities: dict[str, Quality] = {}  # component -> its fix against fp32
-        self._references: dict[tuple[str, int], Any] = {}  # fp32 outputs of failing parts
         self.last_probe: Any = None  # the last recorded probe (`_read`)
         self.stage = "Generating"
-        self.dropped: list[str] = []  # candidates that failed to run, as sentences
         # For an editing pipeline that encodes its references itself: the device-side flag its
         # VAE encoder's hook kept in the last denoising run.
         self.pipeline_encoder: EncoderFlag | None = None
-        # Per (component, id(outcome)): the first bad layer of the probe re-run, and whether
-        # that identical re-run went non-finite again (`probes.first_bad_module`).
-        self._probed: dict[tuple[str, int], tuple[Any, str | None]] = {}
-        self.recurred: dict[tuple[str, int], bool] = {}
         # The step cache's threshold the job denoises with (`step_cache`): 0 once a failure
         # made it rule the cache out, for the rest of the job.
         self.step_cache = request.step_cache
@@ -133,7 +121,7 @@ class JobStages:
         self.upsampler_ran = False
         self.notes: list[str] = []  # sentences for the result's warnings
 
-    def _stage(
+    def stage_call(
         self, plan: PrecisionPlan, names: list[str], call, record: Any = None, calls: int = 1
     ):
         """How a generation runs one shared stage (`run.stages.StageRunner`): its components
@@ -174,7 +162,7 @@ class JobStages:
             self.request.clip_skip,
         )
         (tensors, bad), recorder = self.stages.encode(plan, prompt, record, self._flagged)
-        self._read(recorder, None)
+        self.read_recorder(recorder, None)
         return Conditioning(tensors, bad)
 
     def _flagged(self, stage: StageRun, names: list[str], call) -> tuple[Any, dict[str, Any]]:
@@ -207,10 +195,10 @@ class JobStages:
         parts = encoded if isinstance(encoded, list) else [encoded]
         bad = torch.stack([~torch.isfinite(part).all() for part in parts]).any()
         if pixels is None and self.editing:
-            self._read(recorder, parts)
+            self.read_recorder(recorder, parts)
             return Picture([part.float() for part in parts], None, bad)
         latents, masked = parts[0], parts[1] if len(parts) > 1 else None
-        self._read(recorder, latents)
+        self.read_recorder(recorder, latents)
         return Picture(latents.float(), masked.float() if masked is not None else None, bad)
 
     def noise(self, seeds: list[int]):
@@ -281,7 +269,7 @@ class JobStages:
         float array in [-1, 1] ((H, W, 4) from a VAE that decodes RGBA); with `record`, also
         the first VAE layer that went non-finite."""
         pixels, recorder = self.stages.decode(plan, latents.float(), record)
-        first_bad = self._read(recorder, pixels)
+        first_bad = self.read_recorder(recorder, pixels)
         return pixels[0].permute(1, 2, 0).float().cpu().numpy(), first_bad
 
     def run(self, plan: PrecisionPlan, seeds: list[int], conditioning=None) -> list[Outcome]:
@@ -322,7 +310,7 @@ class JobStages:
     def _first_pass_steps(self) -> int:
         return steps_run(self.request.steps, self.request.strength, picture_mode(self.pictures))
 
-    def _read(self, recorder, output) -> str | None:
+    def read_recorder(self, recorder, output) -> str | None:
         """The first bad layer a recorder saw; its whole probe is kept in `last_probe`."""
         if recorder is None:
             return None
