@@ -74,7 +74,6 @@ def run(args) -> dict:
 
     from app.core import hardware
     from app.core.fixing import layer_islands
-    from app.core.fixing.probe import ActivationRecorder
     from app.core.fixing.quality import snr_db
     from app.core.precision import (
         PlacedPipeline,
@@ -83,6 +82,7 @@ def run(args) -> dict:
         plan_weights_mb,
         resolve_plan,
     )
+    from app.core.run.probe import ActivationRecorder
     from app.core.settings import PrecisionSettings
 
     device = hardware.pick_device(args.device)

@@ -31,9 +31,9 @@ def _norm_extremes(tensor):
 def bench(name: str, args) -> dict:
     import torch
 
-    from app.core.fixing import probe
-    from app.core.fixing.probe import ActivationRecorder
     from app.core.precision.plan import torch_dtype
+    from app.core.run import probe
+    from app.core.run.probe import ActivationRecorder
 
     device = torch.device(args.device)
     dtype = torch_dtype(args.dtype)

@@ -19,11 +19,11 @@ from app.core.components import module_of
 from app.core.fixing import fix_ranking
 from app.core.fixing.fix_candidates import FixCandidate, candidate_fixes
 from app.core.fixing.job_plans import fp32_reference
-from app.core.fixing.probe import ProbeResult
 from app.core.fixing.quality import compare
 from app.core.health.fix import unrun_result
 from app.core.health.stages import Runner, Stage, first_bad_name
 from app.core.precision import PrecisionPlan
+from app.core.run.probe import ProbeResult
 
 
 @dataclass

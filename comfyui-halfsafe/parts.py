@@ -47,7 +47,7 @@ def _dtype_name(dtype) -> str:
 def _finite(value) -> bool:
     import torch
 
-    from app.core.fixing.probe import float_tensors
+    from app.core.run.probe import float_tensors
 
     return all(bool(torch.isfinite(t).all()) for t in float_tensors(value))
 

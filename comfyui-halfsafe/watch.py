@@ -63,8 +63,8 @@ class Watch:
         block, beside its billions of multiply-adds), none a layer, no read."""
         import torch
 
-        from app.core.fixing.probe import top_blocks
         from app.core.hooks import Hooks
+        from app.core.run.probe import top_blocks
 
         root = executor.class_obj.diffusion_model
         if id(root) not in self.blocks:  # found once, not walked again every step
@@ -272,6 +272,6 @@ def watched(model, repair: dict | None = None, repairs: bool = True):
 
 
 def _floats(value: Any):
-    from app.core.fixing.probe import float_tensors
+    from app.core.run.probe import float_tensors
 
     return float_tensors(value)

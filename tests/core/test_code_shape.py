@@ -355,12 +355,12 @@ def test_no_class_or_file_is_too_long(tmp_path):
 
 
 def test_fixing_never_imports_health(tmp_path):
-    probe = (ROOT / "app/core/fixing/probe.py").read_text(encoding="utf-8")
-    after = probe.count("\n")
+    source = (ROOT / "app/core/fixing/diagnosis.py").read_text(encoding="utf-8")
+    after = source.count("\n")
     _plant(
         tmp_path,
-        "app/core/fixing/probe.py",
-        probe + "\n"
+        "app/core/fixing/diagnosis.py",
+        source + "\n"
         "def verdict():\n"
         "    from app.core.fixing import layer_islands\n"
         "    from app.core.healthy import words\n"
@@ -373,15 +373,15 @@ def test_fixing_never_imports_health(tmp_path):
     _plant(tmp_path, "app/core/fixing/__init__.py", relative)  # app.core.health
     _plant(tmp_path, "app/core/fixing/inner/__init__.py", relative)  # app.core.fixing.health
     _plant(tmp_path, "app/core/fixing/inner/part.py", relative)  # app.core.fixing.health
-    _plant(tmp_path, "app/core/health/check.py", "from app.core.fixing import probe\n")
+    _plant(tmp_path, "app/core/health/check.py", "from app.core.fixing import diagnosis\n")
     assert health_imported_by_fixing(tmp_path) == [
         "app/core/fixing/__init__.py:1: app.core.health",
         "app/core/fixing/__init__.py:1: app.core.health.check",
-        f"app/core/fixing/probe.py:{after + 5}: app.core.health",
-        f"app/core/fixing/probe.py:{after + 6}: app.core.health.words",
-        f"app/core/fixing/probe.py:{after + 6}: app.core.health.words.VERDICTS",
-        f"app/core/fixing/probe.py:{after + 7}: app.core.health.check",
-        f"app/core/fixing/probe.py:{after + 8}: app.core.health.report",
+        f"app/core/fixing/diagnosis.py:{after + 5}: app.core.health",
+        f"app/core/fixing/diagnosis.py:{after + 6}: app.core.health.words",
+        f"app/core/fixing/diagnosis.py:{after + 6}: app.core.health.words.VERDICTS",
+        f"app/core/fixing/diagnosis.py:{after + 7}: app.core.health.check",
+        f"app/core/fixing/diagnosis.py:{after + 8}: app.core.health.report",
     ]
 
     offenders = health_imported_by_fixing(ROOT)

@@ -131,8 +131,8 @@ def test_the_part_a_fix_changes_prices_it():
 def _old_memory(result, pipeline):
     """A candidate as the ranking weighed it before: the peak of the check's own run where the
     device reports one, else every parameter at its plan's dtype, with no budget."""
-    from app.core.fixing.stage_cost import StageCost
     from app.core.precision import plan_weights_mb
+    from app.core.run.stage_cost import StageCost
 
     assert result.candidate is not None
     old = StageCost(plan_weights_mb(result.candidate.plan, pipeline))

@@ -294,7 +294,7 @@ def test_verified_fix_is_remembered_and_used_on_the_next_load():
 
 
 def test_probe_reads_device_values_once_not_per_module(monkeypatch):
-    from app.core.fixing.probe import ActivationRecorder
+    from app.core.run.probe import ActivationRecorder
 
     unet = build_tiny_sd_pipeline().unet
     recorder = ActivationRecorder(unet)

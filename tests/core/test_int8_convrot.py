@@ -29,8 +29,8 @@ from app.core.checkpoint.stored import (
 )
 from app.core.checkpoint.stored import plain as plain_values
 from app.core.components import FP16_MAX, Status, Verdict
-from app.core.fixing.probe import ActivationRecorder
 from app.core.formats.forms import stored_form
+from app.core.run.probe import ActivationRecorder
 from app.core.settings import PrecisionSettings
 from tests.support.convrot_files import FAMILIES, build_pipeline, rotation_overflowing_zimage
 from tests.support.family_helpers import (

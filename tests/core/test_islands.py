@@ -21,10 +21,10 @@ from app.core import hardware, health
 from app.core.errors import HalfSafeError
 from app.core.fixing import fix_candidates, fix_ranking, layer_islands, profiles
 from app.core.fixing.quality import QUALITY_THRESHOLD_DB, Quality
-from app.core.fixing.stage_cost import StageCost
 from app.core.generation import GenerationRequest, generate
 from app.core.images.finished import read_parameters
 from app.core.precision import plan_weights_mb
+from app.core.run.stage_cost import StageCost
 from app.core.settings import FIELDS, PrecisionSettings
 from app.core.words.infotext import split_text
 from tests.support.planted_sd import TE_LAYER, VAE_LAYER, check, loaded

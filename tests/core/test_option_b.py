@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app.core.fixing.probe import ModuleStats, ProbeResult
 from app.core.health import HealthReport
+from app.core.run.probe import ModuleStats, ProbeResult
 from app.core.settings import PrecisionSettings
 from tests.support import family_rows as families
 from tests.support.family_helpers import in_memory, plant_scaled

@@ -11,13 +11,13 @@ import torch
 
 from app.core import health, work
 from app.core.fixing import fix_ranking
-from app.core.fixing.stage_cost import StageCost
 from app.core.hardware.dtype_speed import DtypeSpeed
 from app.core.health import fix, step_work
 from app.core.health.cost import StepCost
 from app.core.health.step_work import module_flops, plan_seconds
 from app.core.precision import plan_weights_mb
 from app.core.run import timing
+from app.core.run.stage_cost import StageCost
 from tests.support.check_answers import with_costs
 from tests.support.planted_sd import check, plant, stored_in_fp16
 from tests.support.tiny_models import build_tiny_sd_pipeline

@@ -14,8 +14,8 @@ from app.core import work
 from app.core.fixing import fix_candidates, fix_ranking
 from app.core.fixing.fix_ranking import CandidateResult, Pruning
 from app.core.fixing.quality import Quality
-from app.core.fixing.stage_cost import StageCost
 from app.core.health import fix
+from app.core.run.stage_cost import StageCost
 from app.core.settings import PrecisionSettings
 from tests.support import cost_oracle
 from tests.support.check_answers import with_costs

@@ -16,7 +16,6 @@ import torch
 import app
 from app.core import health, work
 from app.core.errors import CancelledError
-from app.core.fixing.probe import ActivationRecorder
 from app.core.generation import GenerationRequest, generate
 from app.core.health import stages
 from app.core.health.request import CheckRequest
@@ -24,6 +23,7 @@ from app.core.jobs import CancelToken
 from app.core.models import load_model
 from app.core.precision import PlacedPipeline, PrecisionPlan
 from app.core.run import stage_run
+from app.core.run.probe import ActivationRecorder
 from app.core.settings import PrecisionSettings
 from tests.support.tiny_models import build_tiny_sd_pipeline
 

@@ -10,10 +10,10 @@ from collections.abc import Callable
 
 import pytest
 
-from app.core.fixing.stage_cost import StageCost
 from app.core.health.cost import StepCost
 from app.core.precision import plan_weights_mb
 from app.core.run import timing
+from app.core.run.stage_cost import StageCost
 
 
 def oracle_ms(plan) -> float:

@@ -14,7 +14,6 @@ from typing import Any
 from app.core.components import Status, Verdict
 from app.core.fixing.fix_ranking import CandidateResult
 from app.core.fixing.quality import Quality
-from app.core.fixing.stage_cost import StageCost
 from app.core.generation.records import GenerationRequest, GenerationResult, ImageResult
 from app.core.hardware import DeviceInfo, HardwareReport, Quirk
 from app.core.hardware.records import QuirkMatch
@@ -31,6 +30,7 @@ from app.core.health import (
 from app.core.health.report import BlockPeak, CheckResult
 from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.precision import PrecisionPlan
+from app.core.run.stage_cost import StageCost
 from app.core.settings import FIELDS, PRECISION_KEYS
 
 SDXL = ModelIdentity(

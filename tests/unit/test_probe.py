@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from app.core.fixing.probe import ActivationRecorder, _distinct, fused, max_abs, peaks
+from app.core.run.probe import ActivationRecorder, _distinct, fused, max_abs, peaks
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

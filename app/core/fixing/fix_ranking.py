@@ -14,7 +14,7 @@ from typing import Any
 from app.core.fixing import fix_candidates
 from app.core.fixing.fix_candidates import FixCandidate
 from app.core.fixing.quality import Quality
-from app.core.fixing.stage_cost import StageCost
+from app.core.run.stage_cost import StageCost
 from app.core.settings.values import SettingValue
 
 # Two verified fixes whose memory differs by less than this are alike in memory; the measured

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app.core.fixing.probe import ActivationRecorder, ProbeResult
 from app.core.hooks import Hooks
+from app.core.run.probe import ActivationRecorder, ProbeResult
 
 ISLAND_HOOKS = "_halfsafe_island_hooks"  # where an island copy keeps the hooks that cast for it
 
@@ -149,6 +149,6 @@ def island_copy(layer, dtype, rebuild: Callable[[Any, Any], Any] | None = None):
 
 
 def _floats(value: Any):
-    from app.core.fixing.probe import float_tensors
+    from app.core.run.probe import float_tensors
 
     return float_tensors(value)

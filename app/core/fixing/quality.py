@@ -118,7 +118,7 @@ def snr_db(output: Any, reference: Any) -> float:
     """Signal-to-noise ratio of `output` against `reference` in dB, over every floating tensor
     of both (matched in order). -inf when the output is non-finite or shaped differently; the
     ceiling when they are identical."""
-    from app.core.fixing.probe import float_tensors
+    from app.core.run.probe import float_tensors
 
     outputs, references = list(float_tensors(output)), list(float_tensors(reference))
     if len(outputs) != len(references) or not references:

@@ -128,7 +128,7 @@ class JobStages:
         placed alone (`run.stage_run.running`), with every layer of the component `record`
         names (True: the stage's own) recorded; returns (the call's output, the recorder or
         None), the recorder read by the caller (`_read`)."""
-        from app.core.fixing.probe import ActivationRecorder
+        from app.core.run.probe import ActivationRecorder
 
         with running(self.placed, plan, names) as stage:
             watched = names[0] if record is True else record

@@ -19,7 +19,6 @@ from app.core.components import words as component_words
 from app.core.errors import HalfSafeError
 from app.core.families import capabilities, family_of
 from app.core.fixing import job_plans
-from app.core.fixing.probe import ProbeResult
 from app.core.health.cost import price_fix, priced_component, timed_as_checked
 from app.core.health.fix import Search, choose_fix, fix_summary, last_resort, take_timed
 from app.core.health.observations import (
@@ -47,6 +46,7 @@ from app.core.jobs import DONE, CancelToken, Headline, ProgressCallback, no_prog
 from app.core.memory import said_memory_plan
 from app.core.precision import PrecisionPlan, tiling
 from app.core.precision.words import low_bit_notes
+from app.core.run.probe import ProbeResult
 from app.core.run.watchers import Stage, all_finite
 from app.core.settings import PrecisionSettings
 

@@ -1,5 +1,5 @@
 """What a fix costs on this device, as the user's generation will pay it beside no-half:
-`StepCost` (`fixing.stage_cost`) for one plan's call of the part the fix changes (a denoiser
+`StepCost` (`run.stage_cost`) for one plan's call of the part the fix changes (a denoiser
 step, a VAE decode, a prompt encode), `FixCost` for the fix and no-half side by side (a `Fix`'s `cost`), and
 `priced_component`, which part that is."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.core.fixing.stage_cost import StepCost
 from app.core.precision.plan import PrecisionPlan
+from app.core.run.stage_cost import StepCost
 
 
 @dataclass(frozen=True)

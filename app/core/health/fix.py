@@ -20,7 +20,6 @@ from app.core.errors import CancelledError
 from app.core.fixing import fix_candidates, fix_ranking
 from app.core.fixing.fix_candidates import FixCandidate, candidate_fixes
 from app.core.fixing.quality import QUALITY_CEILING_DB, Quality, compare
-from app.core.fixing.stage_cost import StageCost, StepCost
 from app.core.health import step_work
 from app.core.health.observations import Observations, component_report
 from app.core.health.stages import Runner
@@ -28,6 +27,7 @@ from app.core.jobs import CancelToken, ProgressCallback
 from app.core.memory import is_out_of_memory
 from app.core.precision import PrecisionPlan
 from app.core.precision.placement import generation_held_mb
+from app.core.run.stage_cost import StageCost, StepCost
 from app.core.run.timing import only
 from app.core.run.watchers import Stage, counted_module
 

@@ -12,9 +12,9 @@ from app.core.components import COMPONENTS, FP16_MAX, Status, in_run_order, modu
 from app.core.components import words as component_words
 from app.core.fixing import layer_islands
 from app.core.fixing.diagnosis import AT_RISK_HEADROOM, status_from_peak
-from app.core.fixing.probe import ProbeResult, top_blocks
 from app.core.health.report import Advice, BlockPeak, ComponentReport, PrecisionOutcome
 from app.core.precision import PlacedPipeline, PrecisionPlan
+from app.core.run.probe import ProbeResult, top_blocks
 from app.core.run.watchers import Stage
 
 HALF_DTYPES = ("fp16", "bf16")

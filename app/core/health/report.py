@@ -14,13 +14,13 @@ from app.core.components import COMPONENTS, FP16_MAX, Status, Verdict, join_word
 from app.core.fixing import fix_ranking
 from app.core.fixing.diagnosis import AT_RISK_HEADROOM
 from app.core.fixing.quality import Quality
-from app.core.fixing.stage_cost import StageCost
 from app.core.formats.weight_findings import QuantFinding
 from app.core.health.cost import FixCost
 from app.core.health.words import STATUS_WORDS, cost_comparison, layer_words, tested_words
 from app.core.identities import DeviceIdentity, LoraIdentity, ModelIdentity
 from app.core.models.summary import ModelSummary
 from app.core.precision import PrecisionPlan
+from app.core.run.stage_cost import StageCost
 from app.core.settings.values import SettingValue, setting_word
 from app.core.work import Work
 

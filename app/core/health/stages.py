@@ -20,12 +20,12 @@ from typing import Any
 
 from app.core.components import FP16_MAX, Role, in_run_order, of_role
 from app.core.families import family_of
-from app.core.fixing.probe import ActivationRecorder, ProbeResult, descended
 from app.core.health.request import DEFAULT_PROMPT
 from app.core.images.pictures import Pictures
 from app.core.precision import PlacedPipeline, PrecisionPlan
 from app.core.run.host import Host, Prompt
 from app.core.run.pipeline_host import PipelineHost
+from app.core.run.probe import ActivationRecorder, ProbeResult, descended
 from app.core.run.stage_run import StageRun, running
 from app.core.run.stages import Call, Stages
 from app.core.run.timing import Timing

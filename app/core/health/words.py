@@ -9,9 +9,9 @@ from typing import Any
 
 from app.core.components import Status, Verdict
 from app.core.fixing.fix_ranking import CandidateResult, passed_over, timed_faster
-from app.core.fixing.stage_cost import StageCost
 from app.core.health.cost import FixCost, StepCost
 from app.core.precision import PrecisionPlan
+from app.core.run.stage_cost import StageCost
 from app.core.settings import FIELDS, modules_by_component
 
 # One word table per concept, for the terminal, the Markdown report and the window alike.

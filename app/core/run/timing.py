@@ -12,9 +12,9 @@ from dataclasses import replace
 from typing import Any
 
 from app.core.components import module_of
-from app.core.fixing.stage_cost import StageCost, StepCost
 from app.core.precision import PrecisionPlan
 from app.core.precision.placement import generation_held_mb
+from app.core.run.stage_cost import StageCost, StepCost
 from app.core.run.watchers import Stage
 
 COST_ROUNDS = 3  # timed UNet steps per plan, alternating fix and no-half, after a warm-up each

@@ -1,4 +1,4 @@
-"""What watches a stage as it runs, beside the recorders (`fixing.probe.ActivationRecorder`):
+"""What watches a stage as it runs, beside the recorders (`run.probe.ActivationRecorder`):
 the timer that counts and times a component's calls, the stop that ends a run at the calls asked
 for or at its first non-finite call, and the record a stage leaves (`Stage`). Each attaches
 through the stage's own hooks (`stage_run.StageRun.hooks`) and leaves with it."""
@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app.core.fixing.probe import ProbeResult
 from app.core.hooks import Hooks
+from app.core.run.probe import ProbeResult
 
 
 @dataclass
@@ -151,7 +151,7 @@ def counted_module(name: str, module):
 
 def all_finite(value: Any) -> bool:
     from app.core import work
-    from app.core.fixing.probe import max_abs
+    from app.core.run.probe import max_abs
 
     peak = max_abs(value)
     if peak is None:
