@@ -78,14 +78,17 @@ def fixed_ram(monkeypatch):
 
 
 # A device's dtype table is measured on the machine (`hardware.dtype_speed`), so a check that
-# predicted its candidates' costs from it would rank and time them by this machine's speeds. The
-# suite uses no table unless a test injects a fixed one: the candidates are timed, as where no
-# prediction error was measured.
-@pytest.fixture(autouse=True)
-def no_dtype_table(monkeypatch):
+# predicted its candidates' costs from it would rank, prune and time them by this machine's
+# speeds. The suite uses no table unless a test injects a fixed one: the candidates are ranked
+# as where no prediction error was measured. For the whole session, so that a check a module's
+# fixture shares (set up before any test's own fixtures) runs without one too.
+@pytest.fixture(autouse=True, scope="session")
+def no_dtype_table():
     from app.core.health import step_work
 
-    monkeypatch.setattr(step_work, "device_speed", lambda device: None)
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(step_work, "device_speed", lambda device: None)
+        yield
 
 
 @pytest.fixture

@@ -471,6 +471,12 @@ def _add_check(sub) -> None:
         help=FIELDS["clip_skip"].help,
     )
     check.add_argument("--report", metavar="FILE.md", help="also write a Markdown report")
+    check.add_argument(
+        "--quick",
+        action="store_true",
+        help="stop once the fix is proved: the other candidate fixes are not tried for the "
+        "table, and the fix is not timed against no-half",
+    )
     _add_picture_flags(check, strength=False)
     _add_lora_flag(check)
     _add_precision_flags(check)

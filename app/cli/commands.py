@@ -79,7 +79,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     # keeps the report alone (with --json, one JSON document).
     on_progress = progress_for(sys.stderr)
     try:
-        report = requested.check(_load(args.model, args), request, on_progress=on_progress)
+        run = health.QUICK if args.quick else None
+        model = _load(args.model, args)
+        report = requested.check(model, request, run=run, on_progress=on_progress)
     finally:
         on_progress.close()
     if args.report:

@@ -149,14 +149,17 @@ def test_a_prediction_apart_ranks_the_candidates_without_timing_them():
 
 def test_predictions_inside_the_band_leave_the_order_to_what_each_holds_and_changes():
     """bf16 a tenth faster on this device: inside the band plus the error, so neither is timed
-    before the fix is proved; the layers kept in bf16, changing fewer layers, are the fix."""
+    before the fix is proved; the layers kept in bf16, changing fewer layers, are the fix. The
+    part in bf16, its step predicted before it runs from the work the layers' run counted, can
+    beat nothing met before it: it runs after the proof, for the table alone."""
     report, before = _check(INSIDE, predicted=True)
     assert before == []
     proved = report.work.at("proved_fix")
-    assert proved is not None and proved.timed_runs == 0 and proved.predicted_costs == 2
+    assert proved is not None and proved.timed_runs == 0 and proved.predicted_costs == 1
     assert _chosen(report) == "islands"
     rows = {c.kind: c for c in report.tried}
     assert rows["islands"].layers_changed < rows["component_bf16"].layers_changed
+    assert rows["component_bf16"].verified and rows["component_bf16"].cost.predicted_ms
 
 
 def test_with_predictions_the_pruned_search_gives_the_full_searchs_answers():

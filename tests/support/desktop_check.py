@@ -26,11 +26,14 @@ def environment(home: Path) -> dict[str, str]:
     }
 
 
-def desktop_check(checkpoint: Path, home: Path, size: int = 64) -> dict:
-    """`halfsafe check FILE --json` on the CPU in fp16, as ComfyUI computes on a GPU."""
+def desktop_check(checkpoint: Path, home: Path, size: int = 64, quick: bool = True) -> dict:
+    """`halfsafe check FILE --json` on the CPU in fp16, as ComfyUI computes on a GPU; `quick`
+    stops at the proved fix (`--quick`), as the node's check does: the fix is the whole
+    check's, remembered alike, without the table's other rows and the fix's timed cost."""
     done = subprocess.run(
         [sys.executable, "-m", "app", "check", str(checkpoint), "--json", "--size", str(size)]
-        + ["--device", "cpu", "--precision", "fp16"],
+        + ["--device", "cpu", "--precision", "fp16"]
+        + (["--quick"] if quick else []),
         capture_output=True,
         text=True,
         timeout=540,

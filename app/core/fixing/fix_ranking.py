@@ -8,6 +8,7 @@ memory first) and which can no longer win (`Pruning`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -220,15 +221,25 @@ class Pruning:
 
     Run in that order, the first verified candidate holds the least memory of every verified
     one, so the band of memory alike to the least (`MEMORY_TOLERANCE`) is fixed by it: a
-    candidate past the band cannot win. Within it, where steps are predicted (`predicting`) any
-    one may win by a prediction apart from the best's, known only once it ran; without
-    predictions `band_order` decides, so one in the band runs while it would come before the
-    best verified so far (a clamp verified first does not end the search). This holds where
-    the memory ranked is known before a run (the plan's, `StageCost.memory_mb`);
+    candidate past the band cannot win. Within it `band_order` walks the band, and a candidate
+    takes the best's place only where its step is predicted faster beyond the band and the
+    prediction's error (`_predicted`). So one in the band runs while it would come before the
+    best verified so far in `band_order` (a clamp verified first does not end the search), or,
+    where steps are predicted (`predicting`), while its prediction is faster than that of one
+    it would meet before it in the walk, verified or still to run. `foresee` gives a
+    candidate's predicted step before it runs, as `predict_verified` gives it after (or none
+    where the prediction is left out there: then it can beat nothing); None from it, or no
+    `foresee`, means not known yet, and the candidate runs. This holds where the memory ranked
+    is known before a run (the plan's, `StageCost.memory_mb`);
     `tests/core/test_pruned_search.py` holds it to the full ranking over random tables."""
 
-    def __init__(self, predicting: bool) -> None:
+    def __init__(
+        self,
+        predicting: bool,
+        foresee: Callable[[CandidateResult], StageCost | None] | None = None,
+    ) -> None:
         self.predicting = predicting
+        self.foresee = foresee
         self.verified: list[CandidateResult] = []
 
     def add(self, result: CandidateResult) -> None:
@@ -236,16 +247,31 @@ class Pruning:
         if result.verified:
             self.verified.append(result)
 
-    def could_win(self, result: CandidateResult) -> bool:
-        """Whether `result`, not run yet, could be ranked first once run."""
+    def could_win(self, result: CandidateResult, pending: Sequence[CandidateResult] = ()) -> bool:
+        """Whether `result`, not run yet, could be ranked first once run; `pending`: the
+        candidates after it still to run."""
         if not self.verified:
             return True
-        if not _alike_in_memory(result, self.verified[0]):
+        least = self.verified[0]
+        if not _alike_in_memory(result, least):
             return False
-        if self.predicting:
+        alike = [r for r in self.verified if _alike_in_memory(r, least)]
+        if band_order(result) < min(band_order(r) for r in alike):
             return True
-        alike = [r for r in self.verified if _alike_in_memory(r, self.verified[0])]
-        return band_order(result) < min(band_order(r) for r in alike)
+        if not self.predicting:
+            return False
+        own = self.foresee(result) if self.foresee is not None else None
+        if own is None:
+            return True
+        for rival in (*alike, *pending):
+            if rival is result or not _alike_in_memory(rival, least):
+                continue
+            if band_order(rival) >= band_order(result):
+                continue
+            theirs = self.foresee(rival) if self.foresee is not None else None
+            if theirs is None or _predicted(own, theirs) == "faster":
+                return True
+        return False
 
 
 def _alike_in_memory(result: CandidateResult, least: CandidateResult) -> bool:

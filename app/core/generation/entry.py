@@ -581,7 +581,8 @@ def _repair_by_cause(
             clip_skip=request.clip_skip,
             pixel_upscale=request.hires.pixels,
         ),
-        run=CheckRun(remember=False, measure_cost=False),
+        # The cause and its proved repair alone: no table, nothing timed.
+        run=CheckRun(remember=False, measure_cost=False, complete_table=False),
         on_progress=progress,
         cancel=cancel,
     )

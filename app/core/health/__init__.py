@@ -54,7 +54,7 @@ if TYPE_CHECKING:
         precision_words,
         status_words,
     )
-    from app.core.health.request import AS_ASKED, DEFAULT_PROMPT, CheckRequest, CheckRun
+    from app.core.health.request import AS_ASKED, DEFAULT_PROMPT, QUICK, CheckRequest, CheckRun
     from app.core.health.stages import (
         DEFAULT_SCHEDULER,
         DEFAULT_STEPS,
@@ -88,6 +88,7 @@ __all__ = [
     "DEFAULT_SCHEDULER",
     "DEFAULT_STEPS",
     "HALF_DTYPES",
+    "QUICK",
     "RUN_WORDS",
     "STATUS_WORDS",
     "VERDICT_WORDS",
@@ -135,7 +136,7 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
             ".cost": ["FixCost", "StepCost"],
             ".markdown": ["candidate_markdown", "markdown_report", "write_markdown_report"],
             ".observations": ["HALF_DTYPES"],
-            ".request": ["AS_ASKED", "DEFAULT_PROMPT", "CheckRequest", "CheckRun"],
+            ".request": ["AS_ASKED", "DEFAULT_PROMPT", "QUICK", "CheckRequest", "CheckRun"],
             ".report": [
                 "Advice",
                 "ComponentReport",

@@ -166,7 +166,10 @@ def check_loaded(
                 cancel,
             )
             verdict = check.decide()
-            check.search.finish(progress, cancel)  # the fix is reported: the table's rest
+            # The fix is reported: the table's rest, unless the check stops at the proof.
+            untried = check.search.finish(progress, cancel, complete=run.complete_table)
+            if untried:
+                check.notes.append(_stopped_at_the_proof(untried))
             check.note_inputs_beyond_range()
             check.weigh_precisions()
             fix, islands = check.conclude(verdict, run.remember)
@@ -648,6 +651,15 @@ def _proved_fix(search: Search, plan: PrecisionPlan, failed: list[str]) -> Fix:
         steps=list(search.words),
         candidates=list(search.candidates),
         baselines=dict(search.baselines),
+    )
+
+
+def _stopped_at_the_proof(untried: int) -> str:
+    """The note of a check that stopped at the proved fix, `untried` candidates not run."""
+    fixes = "fix was" if untried == 1 else "fixes were"
+    return (
+        f"The check stopped at the proved fix: {untried} other {fixes} not tried for the "
+        "table, and the fix was not timed."
     )
 
 

@@ -58,15 +58,18 @@ class Search:
         self.settings.update(candidate.settings)
         self.words.append(candidate.words)
 
-    def finish(self, progress: ProgressCallback, cancel: CancelToken) -> None:
+    def finish(self, progress: ProgressCallback, cancel: CancelToken, complete: bool = True) -> int:
         """Every table finished (`CandidateTable.finish`), in the order the components failed:
         the ranked candidates and the rejections, as a search that ran every candidate before
-        choosing gives them."""
+        choosing gives them; without `complete`, of the candidates run to prove the fix alone.
+        Returns how many candidates were left untried."""
+        untried = 0
         for table in self.tables:
-            table.finish(progress, cancel)
+            untried += table.finish(progress, cancel, complete)
             self.candidates.extend(table.ranked)
             self.rejected.extend(table.rejected())
         self.tables.clear()
+        return untried
 
 
 @dataclass
@@ -127,10 +130,13 @@ class CandidateTable:
         """Run the candidates that can still win, predict the steps of those verified, and
         return the best (None: nothing verified)."""
         by_result = {id(e.result): e for e in self.entries}
-        pruning = fix_ranking.Pruning(predicting=self.speed is not None)
-        for result in fix_ranking.verification_order([e.result for e in self.entries]):
+        pruning = fix_ranking.Pruning(
+            self.speed is not None, lambda r: self.foreseen(by_result[id(r)])
+        )
+        order = fix_ranking.verification_order([e.result for e in self.entries])
+        for at, result in enumerate(order):
             entry = by_result[id(result)]
-            if PRUNE_CANDIDATES and not pruning.could_win(result):
+            if PRUNE_CANDIDATES and not pruning.could_win(result, order[at + 1 :]):
                 continue
             self.run(entry, progress, cancel)
             pruning.add(entry.result)
@@ -194,6 +200,27 @@ class CandidateTable:
             part = self.runner.host.loaded(self.name)
             self.flops = step_work.call_flops(part, self._counted(), caught) or {}
 
+    def foreseen(self, entry: _Entry) -> StageCost | None:
+        """`entry`'s cost with its step predicted before it runs, as `predict_verified` will
+        predict it once verified (or with none where the work of a call was not counted:
+        then none is); None while that work is not counted yet (no verified run so far)."""
+        cost = entry.result.cost
+        if self.speed is None or self.flops is None or cost is None:
+            return None
+        if not self.flops or cost.predicted_ms is not None:
+            return cost
+        seconds = step_work.plan_seconds(
+            self.speed,
+            self.flops,
+            self.runner.host.parts,
+            entry.candidate.plan,
+            module_of(self.name),
+        )
+        if seconds is None:
+            return cost
+        error = step_work.PREDICTION_ERROR[self.runner.device.type]
+        return replace(cost, predicted_ms=round(seconds * 1000, 2), predicted_error=error)
+
     def predict_verified(self) -> None:
         """Each verified entry with its step predicted from the work at the device's rates
         (`step_work.plan_seconds`) where the work explains enough of its observed call
@@ -221,25 +248,27 @@ class CandidateTable:
             )
             work.add("predicted_costs")
 
-    def finish(self, progress: ProgressCallback, cancel: CancelToken) -> None:
+    def finish(self, progress: ProgressCallback, cancel: CancelToken, complete: bool = True) -> int:
         """The table as a search that ran every candidate gives it: the candidates the fix
-        needed no run of, run now, the verified ones' steps predicted; every candidate ranked,
-        the chosen one first."""
+        needed no run of, run now (unless not `complete`: then the table holds those run to
+        prove it), the verified ones' steps predicted; every candidate ranked, the chosen one
+        first. Returns how many were left untried."""
         self.finishing = True
         for entry in self.entries:
-            if not entry.ran:
+            if complete and not entry.ran:
                 self.run(entry, progress, cancel)
             entry.retry = None  # the fix's stage was handed on: nothing here needs one
         self.predict_verified()
         chosen = [e.result for e in self.entries if e.result.chosen]
         self.ranked = fix_ranking.rank_candidates(
-            [e.result for e in self.entries if not e.failed_to_run]
+            [e.result for e in self.entries if e.ran and not e.failed_to_run]
         )
         # `fix_ranking.Pruning` ranks the fix first where the memory ranked is the plan's, known
         # before a run; were it not, the fix still heads the table.
         if chosen and self.ranked[0] is not chosen[0]:
             self.ranked.remove(chosen[0])
             self.ranked.insert(0, chosen[0])
+        return sum(1 for e in self.entries if not e.ran)
 
     @property
     def has_verified(self) -> bool:

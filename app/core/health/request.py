@@ -60,15 +60,22 @@ class CheckRun:
     `measure_cost`: a verified fix is priced as the user's generation pays it, beside no-half.
     `use_remembered`: the fix remembered for the model is applied first; False runs exactly
     the settings given (an image's recorded ones, to reproduce what made it black).
+    `complete_table`: once the fix is proved, the candidates it needed no run of are run for
+    the table; False stops at the proved fix (`halfsafe check --quick`, and a generation
+    finding the cause of its failed images).
 
-    A record rather than three keywords: `check_and_attribute` hands it on with one field
+    A record rather than four keywords: `check_and_attribute` hands it on with one field
     changed (it remembers only once the cause is known), and every caller reads which policy
     it runs at a glance. Progress and cancel stay keywords, as every core job takes them."""
 
     remember: bool = True
     measure_cost: bool = True
     use_remembered: bool = True
+    complete_table: bool = True
 
 
-# The policy of a check the user asked for: its fix remembered, priced, the remembered one used.
+# The policy of a check the user asked for: its fix remembered, priced, the remembered one used,
+# its table of candidates completed.
 AS_ASKED = CheckRun()
+# `halfsafe check --quick`: stopped at the proved fix (remembered), neither priced nor tabled.
+QUICK = CheckRun(measure_cost=False, complete_table=False)

@@ -20,17 +20,20 @@ if TYPE_CHECKING:
     from app.core.families.base import GenerationDefaults
     from app.core.generation.records import GenerationResult, PreviewCallback
     from app.core.health.report import HealthReport
+    from app.core.health.request import CheckRun
 
 
 def check(
     model: Any,
     request: CheckRequest,
     *,
+    run: CheckRun | None = None,
     on_progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
 ) -> HealthReport:
-    """Check `model` (a `models.LoadedModel`) as `request` asks, a failure attributed to its
-    cause (`causes.check_and_attribute`, which hands the request on whole to the check).
+    """Check `model` (a `models.LoadedModel`) as `request` asks, run as `run` says (None: as a
+    user asks, `health.AS_ASKED`), a failure attributed to its cause
+    (`causes.check_and_attribute`, which hands the request on whole to the check).
     `request.loras` None leaves the model's LoRAs as they are; otherwise exactly those are
     applied first. A model whose family states its own steps (`model_defaults`) is probed at
     those, the schedule its images run."""
@@ -44,7 +47,9 @@ def check(
         # The probe covers the ends of the sampler schedule the user's images run.
         request = replace(request, steps=defaults.steps)
     with said_as_sentence("checking the model"):
-        return check_and_attribute(model, request, on_progress=on_progress, cancel=cancel)
+        if run is None:
+            return check_and_attribute(model, request, on_progress=on_progress, cancel=cancel)
+        return check_and_attribute(model, request, run=run, on_progress=on_progress, cancel=cancel)
 
 
 def generate(
