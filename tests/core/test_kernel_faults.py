@@ -70,14 +70,15 @@ def test_a_flash_fault_in_every_part_is_the_kernel_and_its_switch_comes_first(mo
     report = check_on_a_gpus_costs(monkeypatch, "demo")
     cause = report.cause
 
-    # The text encoder and the UNet fail as the user runs them; the UNet's own fix (attention
-    # computed in fp32, a switch that changes no layer and so ranks first) reaches the VAE's
-    # attention too, which then runs finite: the VAE's fault is covered, not named.
-    assert [n for n, c in report.components.items() if c.status.failed] == PARTS[:2]
+    # Every part fails as the user runs it. The UNet's own fix (attention computed in fp32, a
+    # switch that changes no layer and so ranks first) reaches the VAE's attention too, which
+    # then runs finite: the VAE is decoded as the user runs it first, so it is named, and its
+    # fault is covered by that fix.
+    assert [n for n, c in report.components.items() if c.status.failed] == PARTS
     assert cause is not None and cause.kind == "kernel", report.headline
     assert cause.verified and cause.quality is not None and cause.quality.passed
     assert "against fp32" in cause.quality.words()
-    parts = "text encoder and UNet"
+    parts = "text encoder, UNet and VAE"
     assert f"attention kernel fault in the {parts}, not an overflow" in report.headline
     assert "overflows" not in report.headline and "overflowed" not in cause.summary
     # First: the backend switch, verified, every part in fp16 as the user runs it.

@@ -86,6 +86,31 @@ def fp32_reference(plan: PrecisionPlan) -> PrecisionPlan:
     )
 
 
+# A plan's switches that every part it runs runs under (not one part's own settings).
+SHARED_SWITCHES = (
+    "upcast_attention",
+    "attention_backend",
+    "allow_tf32",
+    "fp16_reduced_precision_reduction",
+    "fp16_accumulation",
+    "attention_reduced_precision",
+    "autocast",
+)
+
+
+def changes_part(part: str, plan: PrecisionPlan, base: PrecisionPlan) -> bool:
+    """Whether `plan` runs the part `part` (a module of the pipeline) otherwise than `base`
+    does: its dtype, the layers it keeps wider, its kind's islands, its clamps, or a switch
+    every part runs under (an earlier part's fix that upcasts attention reaches this one)."""
+    return (
+        plan.dtypes.get(part) != base.dtypes.get(part)
+        or dict(plan.modules.get(part, {})) != dict(base.modules.get(part, {}))
+        or tuple(plan.kind_islands.get(part, ())) != tuple(base.kind_islands.get(part, ()))
+        or tuple(plan.clamps.get(part, ())) != tuple(base.clamps.get(part, ()))
+        or any(getattr(plan, s) != getattr(base, s) for s in SHARED_SWITCHES)
+    )
+
+
 def own_islands(pipeline) -> dict[str, dict[str, dict[str, str]]]:
     """Per text encoder of the pipeline whose kind keeps layers wider itself (the modules
     transformers keeps in fp32, `kinds.own_islands`), per setting that keeps them, its layers

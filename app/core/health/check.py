@@ -333,25 +333,39 @@ class _Check:
         self.fed_by: str | None = None
 
     def settle(
-        self, stage_fn: Callable[[PrecisionPlan, bool], Stage], names: list[str], first: Stage
+        self,
+        stage_fn: Callable[[PrecisionPlan, bool], Stage],
+        names: list[str],
+        first: Stage,
+        as_tested: Stage | None = None,
     ) -> Stage:
         """Report each component of a stage and, for one that failed, find its fix: the
-        cheapest candidate whose re-run is finite and agrees with the fp32 reference."""
+        cheapest candidate whose re-run is finite and agrees with the fp32 reference. `first`
+        ran under the fixes found so far; `as_tested` (`as_tested`): one failing only there
+        is reported failed, covered by them."""
         search, progress = self.search, self.progress
         self.stage_fns.update(dict.fromkeys(names, stage_fn))
+        if as_tested is not None:  # what each precision does: as the user runs it first
+            self.seen.add(as_tested, self.plan)
         self.seen.add(first, search.plan)
         good = first
         reference: Stage | None = None
         for index, name in enumerate(names):
             probe = self.first_probes[name] = first.probes[name]
             verify: ProbeResult | None = None
+            tested = as_tested.probes[name] if as_tested is not None else probe
+            covered = tested.non_finite and not probe.non_finite
+            if covered:  # failed as the user runs it; the fixes found so far cover it
+                verify, probe = probe, tested
+                self.first_probes[name] = probe
+                self.seen.add_covered(name, verify)
             feeder = _fed_by(first, names[:index], probe)
             if feeder is not None and good is not first and not good.probes[name].non_finite:
                 # It read a failed part's output in this stage (Anima's text conditioner reads
                 # the text encoder's states) and went bad there, not in a layer of its own:
                 # its run is the one under that part's fix.
                 probe = self.first_probes[name] = good.probes[name]
-            if name in self.broken:
+            if name in self.broken or covered:
                 pass
             elif probe.non_finite and good is not first and not good.probes[name].non_finite:
                 verify = good.probes[name]  # the fix found for a sibling fixed this one too
@@ -403,6 +417,14 @@ class _Check:
         work.reach("first_finding")
         dtype = self.search.plan.dtype_of(name)
         self.progress(found(name, dtype, first_bad_name(probe)), 0, 0)
+
+    def as_tested(self, part: str, run: Callable[[PrecisionPlan], Stage]) -> Stage | None:
+        """Where a fix found for an earlier part reaches `part` (`job_plans.changes_part`), its
+        stage `run` as the user runs it, told as a first probe: a fault that fix covers is
+        named. None where the fixes leave the part alone."""
+        if not job_plans.changes_part(part, self.search.plan, self.plan):
+            return None
+        return self.first_probe(lambda: run(self.plan))
 
     def first_probe(self, stage: Callable[[], Stage]) -> Stage:
         """A stage's first run, told as it goes (`tell`)."""
@@ -465,10 +487,12 @@ class _Check:
             self.fed_by = at_fault(self.text_encoder_names, self.reports)
             conditioning = finite_stand_in(conditioning)
         self.conditioning = conditioning
+        as_tested = self.as_tested(denoiser, lambda p: runner.denoise(p, conditioning))
         denoised = self.settle(
             lambda p, record: runner.denoise(p, conditioning, record),
             [denoiser],
             self.first_probe(lambda: runner.denoise(self.search.plan, conditioning)),
+            as_tested,
         )
         mark_fed_by(self.reports, [denoiser], self.fed_by, self.notes, "zeroed embeddings")
         return denoised
@@ -489,10 +513,12 @@ class _Check:
             latents = torch.randn(latents.shape, generator=torch.Generator().manual_seed(1)).to(
                 latents.device
             )
+        as_tested = self.as_tested("vae", lambda p: runner.decode(p, latents))
         decoded = self.settle(
             lambda p, record: runner.decode(p, latents, record),
             ["vae"],
             self.first_probe(lambda: runner.decode(self.search.plan, latents)),
+            as_tested,
         )
         mark_fed_by(self.reports, ["vae"], self.fed_by, self.notes, stand_in)
         return decoded

@@ -25,15 +25,26 @@ class Observations:
 
     def __init__(self) -> None:
         self.runs: dict[str, dict[str, ProbeResult]] = {}
+        # A component that failed as the user runs it and ran finite under the fixes found
+        # for earlier parts: that run, which tells what a wider dtype would do.
+        self.covered: dict[str, ProbeResult] = {}
 
     def add(self, stage: Stage, plan: PrecisionPlan) -> Stage:
         for name, probe in stage.probes.items():
             self.runs.setdefault(name, {}).setdefault(plan.dtype_of(name), probe)
         return stage
 
+    def add_covered(self, name: str, probe: ProbeResult) -> None:
+        """`name`'s finite run under the fixes found so far, where it failed as tested."""
+        self.covered.setdefault(name, probe)
+
+    def _finite(self, name: str) -> list[ProbeResult]:
+        runs = [p for p in self.runs.get(name, {}).values() if not p.non_finite]
+        return runs + ([self.covered[name]] if name in self.covered else [])
+
     def precisions(self, name: str, broken_weights: bool) -> dict[str, PrecisionOutcome]:
         runs = self.runs.get(name, {})
-        finite = [p for p in runs.values() if not p.non_finite]
+        finite = self._finite(name)
         widest = max(finite, key=lambda p: p.max_abs, default=None)
         outcomes = {}
         for dtype in HALF_DTYPES:
@@ -51,7 +62,7 @@ class Observations:
 
     def score_note(self, name: str) -> str | None:
         """A sentence when fp16 is predicted at risk only through attention scores."""
-        finite = [p for p in self.runs.get(name, {}).values() if not p.non_finite]
+        finite = self._finite(name)
         top = max(
             (t for t in (p.top_scores() for p in finite) if t is not None),
             key=lambda t: t.score_bound,
