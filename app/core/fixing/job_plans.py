@@ -98,17 +98,22 @@ SHARED_SWITCHES = (
 )
 
 
+def held(plan: PrecisionPlan, part: str) -> tuple[Any, ...]:
+    """What `plan` holds for the part `part` alone: its dtype, the layers it keeps otherwise
+    (its kind's islands among them) and the layers it clamps."""
+    return (plan.dtypes.get(part), plan.islands(part), tuple(plan.clamps.get(part, ())))
+
+
+def switched(plan: PrecisionPlan, base: PrecisionPlan) -> bool:
+    """Whether `plan` sets a switch every part runs under otherwise than `base`."""
+    return any(getattr(plan, s) != getattr(base, s) for s in SHARED_SWITCHES)
+
+
 def changes_part(part: str, plan: PrecisionPlan, base: PrecisionPlan) -> bool:
     """Whether `plan` runs the part `part` (a module of the pipeline) otherwise than `base`
-    does: its dtype, the layers it keeps wider, its kind's islands, its clamps, or a switch
-    every part runs under (an earlier part's fix that upcasts attention reaches this one)."""
-    return (
-        plan.dtypes.get(part) != base.dtypes.get(part)
-        or dict(plan.modules.get(part, {})) != dict(base.modules.get(part, {}))
-        or tuple(plan.kind_islands.get(part, ())) != tuple(base.kind_islands.get(part, ()))
-        or tuple(plan.clamps.get(part, ())) != tuple(base.clamps.get(part, ()))
-        or any(getattr(plan, s) != getattr(base, s) for s in SHARED_SWITCHES)
-    )
+    does: what it holds for the part (`held`), or a switch every part runs under (an earlier
+    part's fix that upcasts attention reaches this one)."""
+    return held(plan, part) != held(base, part) or switched(plan, base)
 
 
 def own_islands(pipeline) -> dict[str, dict[str, dict[str, str]]]:

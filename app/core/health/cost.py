@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.fixing.job_plans import held, switched
 from app.core.precision.plan import PrecisionPlan
 from app.core.run.stage_cost import StepCost
 
@@ -38,21 +39,8 @@ def priced_component(tested: PrecisionPlan, fixed: PrecisionPlan, denoiser: str)
     changes it or a setting every part reads (attention, sums, autocast), else the part it
     changes (the VAE first: every picture is decoded once; a VAE fix no longer costs the
     generation anything per denoiser step)."""
-
-    def held(plan: PrecisionPlan, name: str) -> tuple[Any, ...]:
-        return (plan.dtypes.get(name), plan.islands(name), tuple(plan.clamps.get(name, ())))
-
     changed = [n for n in fixed.dtypes if held(fixed, n) != held(tested, n)]
-    shared = (
-        "upcast_attention",
-        "attention_backend",
-        "allow_tf32",
-        "fp16_reduced_precision_reduction",
-        "fp16_accumulation",
-        "attention_reduced_precision",
-        "autocast",
-    )
-    if any(getattr(fixed, f) != getattr(tested, f) for f in shared):
+    if switched(fixed, tested):
         return denoiser
     if not changed or denoiser in changed:
         return denoiser
