@@ -58,14 +58,14 @@ def provisional_beside_full() -> Iterator[list[dict[str, Any]]]:
     found: list[dict[str, Any]] = []
     settle = check._Check.settle
 
-    def settled(self, stage_fn, names, first):
+    def settled(self, stage_fn, names, first, as_tested=None):
         denoiser = self.runner.family.denoiser
         probe = first.probes.get(denoiser)
         if names != [denoiser] or probe is None or not probe.non_finite or denoiser in self.broken:
-            return settle(self, stage_fn, names, first)
+            return settle(self, stage_fn, names, first, as_tested)
         tested, counted = self.search.plan, work.counted()
         before = counted.calls_of(denoiser) if counted is not None else 0
-        good = settle(self, stage_fn, names, first)
+        good = settle(self, stage_fn, names, first, as_tested)
         after = counted.calls_of(denoiser) if counted is not None else 0
         proof = provisional_proof(
             self.runner, denoiser, self.conditioning, probe, tested, self.bf16_native
