@@ -147,7 +147,6 @@ def test_the_check_proves_the_island_fix_computed_for_the_plain_model():
             seen,
             PLANTED,
             False,
-            False,
             _no_progress,
             CancelToken(),
         )

@@ -89,7 +89,7 @@ def _oracle(table: DtypeSpeed, timed: list[str]):
     return stage_costs, unet_step_costs
 
 
-def _check(table: DtypeSpeed, predicted: bool, prune: bool = True):
+def _check(table: DtypeSpeed, predicted: bool, prune: bool = True, quick: bool = False):
     """The planted UNet fault stored in fp16, checked in fp16 as on a CPU with native bf16, the
     candidates timed by the oracle of `table`; with `predicted` the table is the device's too.
     Returns the report and the labels timed before the fix was proved."""
@@ -110,9 +110,10 @@ def _check(table: DtypeSpeed, predicted: bool, prune: bool = True):
 
         report = check(
             stored_in_fp16(plant(build_tiny_sd_pipeline(), "unet_ff")),
-            measure_cost=True,
+            measure_cost=not quick,  # `--quick`: neither timed nor tabled after the proof
             remember=False,
             on_progress=progress,
+            complete_table=not quick,
         )
     return report, proved
 
@@ -160,6 +161,19 @@ def test_predictions_inside_the_band_leave_the_order_to_what_each_holds_and_chan
     rows = {c.kind: c for c in report.tried}
     assert rows["islands"].layers_changed < rows["component_bf16"].layers_changed
     assert rows["component_bf16"].verified and rows["component_bf16"].cost.predicted_ms
+
+
+@pytest.mark.parametrize("table", [APART, INSIDE], ids=["apart", "inside"])
+def test_a_quick_check_names_the_fix_the_whole_check_names(table):
+    """Not priced and not tabled, the quick check still ranks by the device's predictions: the
+    fix it names (and remembers) is the whole check's, wherever the predictions decide it."""
+    whole, _ = _check(table, predicted=True)
+    quick, _ = _check(table, predicted=True, quick=True)
+    assert quick.fix is not None and whole.fix is not None and quick.fix.verified
+    assert _chosen(quick) == _chosen(whole)
+    assert quick.fix.settings == whole.fix.settings and quick.fix.cost is None
+    if table is APART:  # where the predictions, not what each holds and changes, decide
+        assert _chosen(quick) == "component_bf16"
 
 
 def test_with_predictions_the_pruned_search_gives_the_full_searchs_answers():

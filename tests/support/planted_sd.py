@@ -64,14 +64,17 @@ def check(
     measure_cost=False,
     on_progress=None,
     cancel=None,
+    complete_table=True,
     **asked,
 ):
-    """`check_loaded` on the CPU at 64 px; `asked`: more of the request (steps, scheduler)."""
+    """`check_loaded` on the CPU at 64 px; `asked`: more of the request (steps, scheduler);
+    without `complete_table`, stopped at the proved fix (`--quick`)."""
     # The fix's cost (extra UNet steps per plan) is measured in one test, not in every one.
+    run = CheckRun(remember=remember, measure_cost=measure_cost, complete_table=complete_table)
     return health.check_loaded(
         model,
         CheckRequest(precision=precision, device="cpu", size=64, **asked),
-        run=CheckRun(remember=remember, measure_cost=measure_cost),
+        run=run,
         on_progress=on_progress,
         cancel=cancel,
     )

@@ -19,6 +19,7 @@ from app.core.components import words as component_words
 from app.core.errors import HalfSafeError
 from app.core.families import capabilities, family_of
 from app.core.fixing import job_plans
+from app.core.fixing.quality import compare
 from app.core.health.cost import price_fix, priced_component, timed_as_checked
 from app.core.health.fix import Search, choose_fix, fix_summary, last_resort, take_timed
 from app.core.health.observations import (
@@ -168,8 +169,8 @@ def check_loaded(
             verdict = check.decide()
             # The fix is reported: the table's rest, unless the check stops at the proof.
             untried = check.search.finish(progress, cancel, complete=run.complete_table)
-            if untried:
-                check.notes.append(_stopped_at_the_proof(untried))
+            if untried and verdict is Verdict.FIXABLE:
+                check.notes.append(_stopped_at_the_proof(untried, run.measure_cost))
             check.note_inputs_beyond_range()
             check.weigh_precisions()
             fix, islands = check.conclude(verdict, run.remember)
@@ -340,9 +341,8 @@ class _Check:
         as_tested: Stage | None = None,
     ) -> Stage:
         """Report each component of a stage and, for one that failed, find its fix: the
-        cheapest candidate whose re-run is finite and agrees with the fp32 reference. `first`
-        ran under the fixes found so far; `as_tested` (`as_tested`): one failing only there
-        is reported failed, covered by them."""
+        cheapest candidate whose re-run is finite and agrees with fp32. `first` ran under the
+        fixes found so far, `as_tested` as the user runs it (`as_tested`)."""
         search, progress = self.search, self.progress
         self.stage_fns.update(dict.fromkeys(names, stage_fn))
         if as_tested is not None:  # what each precision does: as the user runs it first
@@ -355,10 +355,12 @@ class _Check:
             verify: ProbeResult | None = None
             tested = as_tested.probes[name] if as_tested is not None else probe
             covered = tested.non_finite and not probe.non_finite
-            if covered:  # failed as the user runs it; the fixes found so far cover it
-                verify, probe = probe, tested
-                self.first_probes[name] = probe
-                self.seen.add_covered(name, verify)
+            if covered:  # failed as the user runs it: covered where the fixes agree with fp32
+                quality, reference = _against_fp32(self.runner, stage_fn, search.plan, first)
+                probe = self.first_probes[name] = tested
+                if covered := quality.passed:
+                    verify, search.qualities[name] = first.probes[name], quality
+                    self.seen.add_covered(name, verify)
             feeder = _fed_by(first, names[:index], probe)
             if feeder is not None and good is not first and not good.probes[name].non_finite:
                 # It read a failed part's output in this stage (Anima's text conditioner reads
@@ -384,7 +386,6 @@ class _Check:
                     self.seen,
                     first_bad_name(probe),
                     self.bf16_native,
-                    self.measure_cost,
                     progress,
                     self.cancel,
                 )
@@ -680,13 +681,20 @@ def _proved_fix(search: Search, plan: PrecisionPlan, failed: list[str]) -> Fix:
     )
 
 
-def _stopped_at_the_proof(untried: int) -> str:
+def _against_fp32(runner, stage_fn, plan: PrecisionPlan, ran: Stage):
+    """A stage's run (`ran`, under `plan`) judged against the fp32 reference of the same stage,
+    recorded in full (its record draws the islands should the part still need a fix of its
+    own): (the quality, the reference)."""
+    with runner.recording_in_full():
+        reference = stage_fn(job_plans.fp32_reference(plan), True)
+    return compare(ran.output, reference.output), reference
+
+
+def _stopped_at_the_proof(untried: int, timed: bool) -> str:
     """The note of a check that stopped at the proved fix, `untried` candidates not run."""
     fixes = "fix was" if untried == 1 else "fixes were"
-    return (
-        f"The check stopped at the proved fix: {untried} other {fixes} not tried for the "
-        "table, and the fix was not timed."
-    )
+    then = "." if timed else ", and the fix was not timed."
+    return f"The check stopped at the proved fix: {untried} other {fixes} not tried for the table{then}"
 
 
 def _report(

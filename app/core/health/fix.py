@@ -89,9 +89,9 @@ class _Entry:
 class CandidateTable:
     """The candidate fixes of one failing component (`fix_candidates.FIX_KINDS`), verified in the
     order the ranking prefers them (`fix_ranking.verification_order`): those that can still win
-    first (`fix_ranking.Pruning`), each stopped at its first non-finite call, and with
-    `measure_cost` on a device whose steps are predicted, each verified one's step predicted
-    from its work. Nothing is timed. The best is the fix; `finish` then runs the rest for the
+    first (`fix_ranking.Pruning`), each stopped at its first non-finite call, and on a device
+    whose steps are predicted, each verified one's step predicted from its work. Nothing is
+    timed. The best is the fix; `finish` then runs the rest for the
     table, after the fix is reported."""
 
     def __init__(
@@ -102,7 +102,6 @@ class CandidateTable:
         reference: Stage,
         runner: Runner,
         seen: Observations,
-        measure_cost: bool,
         candidates: list[FixCandidate],
     ) -> None:
         self.name = name
@@ -111,7 +110,6 @@ class CandidateTable:
         self.reference = reference
         self.runner = runner
         self.seen = seen
-        self.measure_cost = measure_cost
         pipeline = runner.host.parts  # each component's loaded module, by its name
         self.entries = [
             _Entry(index, candidate, unrun_result(name, candidate, pipeline, search.plan))
@@ -122,7 +120,9 @@ class CandidateTable:
         self.finishing = False  # the fix is named: the rest runs for the table alone
         # The device's dtype table where predictions are used there, and the work of one call
         # of the component (`step_work.call_flops`), counted from a verification run's call.
-        self.speed = step_work.device_speed(runner.device) if measure_cost else None
+        # The ranking's predictions, whether or not the fix is timed after: a check that is not
+        # priced (`--quick`, a generation's) names the fix a priced one names.
+        self.speed = step_work.device_speed(runner.device)
         self.flops: dict[str, dict[str, float]] | None = None
         self.predicted: set[int] = set()  # the entries ranked by their predictions, counted
 
@@ -373,15 +373,13 @@ def choose_fix(
     seen: Observations,
     first_bad: str | None,
     bf16_native: bool,
-    measure_cost: bool,
     progress: ProgressCallback,
     cancel: CancelToken,
 ) -> Stage | None:
     """Find the fix for the failing component `name` among its candidates
     (`fix_candidates.FIX_KINDS`, `CandidateTable`): each re-run is judged finite or not and against
-    the fp32 reference (`reference`, recorded, so its per-layer peaks draw the islands); with
-    `measure_cost` the verified ones that could win are timed against each other. The best
-    verified one (`fix_ranking.rank_candidates`) is accepted; the stage it ran is returned (None:
+    the fp32 reference (`reference`, recorded, so its per-layer peaks draw the islands); nothing
+    is timed. The best verified one (`fix_ranking.rank_candidates`) is accepted; the stage it ran is returned (None:
     nothing verified). The table is finished later (`Search.finish`)."""
     # The candidates read the component's layers; the loaded model has the same ones, and
     # holding the tested copy here would keep it alive beside every candidate's copy.
@@ -395,9 +393,7 @@ def choose_fix(
             reference.probes.get(name),
         )
     )
-    table = CandidateTable(
-        name, stage_fn, search, reference, runner, seen, measure_cost, candidates
-    )
+    table = CandidateTable(name, stage_fn, search, reference, runner, seen, candidates)
     search.tables.append(table)
     best = table.choose(progress, cancel)
     if best is None or best.retry is None:
