@@ -226,6 +226,21 @@ def module_of(name: str) -> str:
     return found.module if found else name
 
 
+# The layers of the VAE each of its checked parts runs (paths in the VAE module): its encoder
+# for a job that starts from a picture, its decoder for every picture made.
+VAE_LAYERS = {"vae_encoder": ("encoder", "quant_conv"), "vae": ("decoder", "post_quant_conv")}
+
+
+def runs_layer(name: str, path: str) -> bool:
+    """Whether the checked part `name` runs the layer `path` of its module (`module_of`): the
+    VAE's encoder none of its decoder's layers, and the other way round; every other part
+    every layer of its module."""
+    if name not in VAE_LAYERS:
+        return True
+    others = (p for part, prefixes in VAE_LAYERS.items() if part != name for p in prefixes)
+    return not any(path == p or path.startswith(p + ".") for p in others)
+
+
 def words(name: str) -> str:
     """'vae' -> 'VAE'; an unknown name is shown as it is."""
     found = COMPONENTS.get(name)

@@ -10,10 +10,11 @@ what diffusers' does."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from app.core import causes
+from app.core import causes, health
 from app.core.health.request import CheckRequest, CheckRun
 from app.core.models import load_model
 from app.core.settings import PrecisionSettings
@@ -107,6 +108,69 @@ def test_a_flash_fault_in_every_part_is_the_kernel_and_its_switch_comes_first(mo
     text = health_text(report)
     assert "\nApply:   --attention-backend math\n" in text
     assert "\nOr:      --text-encoder-precision bf16 --upcast-attention" in text
+
+
+def _picture(tmp_path) -> str:
+    from PIL import Image
+
+    path = tmp_path / "input.png"
+    Image.fromarray((np.random.RandomState(0).rand(64, 64, 3) * 255).astype(np.uint8)).save(path)
+    return str(path)
+
+
+def _failed(report) -> list[str]:
+    return [n for n, c in report.components.items() if c.status.failed]
+
+
+@pytest.mark.slow
+def test_the_hires_fixs_encoder_is_named_where_the_unets_switch_covers_it(monkeypatch):
+    """A hires fix's pixel pass encodes the decoded picture after the VAE is settled: the
+    UNet's switch (attention computed in fp32) reaches the VAE's encoder too, which is
+    encoded as the user runs it first, so its fault is named, covered by that switch."""
+    flash_nan_in_fp16(monkeypatch)
+    cost_oracle.inject(monkeypatch, cost_oracle.gpu_ms)
+    report = health.check_loaded(
+        load_model("demo"),
+        CheckRequest(precision=FP16, device="cpu", size=64, pixel_upscale=True),
+        run=CheckRun(remember=False, measure_cost=False),
+    )
+    assert _failed(report) == [*PARTS, "vae_encoder"]
+    encoder = report.components["vae_encoder"]
+    assert encoder.precisions["fp16"].measured and encoder.precisions["fp16"].status.failed
+    assert report.verdict == "fixable" and report.fix is not None and report.fix.verified
+    assert report.fix.plan.dtypes["vae"] == "fp16"  # the switch covers it: no fix of its own
+
+
+@pytest.mark.slow
+def test_a_picture_jobs_encoder_fault_is_named_and_its_switch_covers_the_parts_after_it(
+    monkeypatch, tmp_path
+):
+    """On a card where bf16 is slow (emulated), an image-to-image check: the text encoder's fix
+    is its own dtype (its attention is not diffusers', so no switch of the VAE's reaches it),
+    which leaves the VAE's encoder as the user runs it, so it fails on its own and its fix is
+    the attention upcast; that switch reaches the UNet and the decode, which run as the user
+    runs them first: both are named, covered by it, and keep fp16."""
+
+    def emulated_bf16(plan, component: str) -> float:
+        ms = {"fp16": 10.0, "bf16": 60.0, "fp32": 20.0}[plan.dtype_of(component)]
+        return ms * (1.3 if plan.upcast_attention else 1.0)
+
+    flash_nan_in_fp16(monkeypatch)
+    cost_oracle.inject(monkeypatch, emulated_bf16)
+    report = health.check_loaded(
+        load_model("demo"),
+        CheckRequest(precision=FP16, device="cpu", size=64, images=(_picture(tmp_path),)),
+        run=CheckRun(remember=False, measure_cost=True),
+    )
+    assert _failed(report) == ["text_encoder", "vae_encoder", "unet", "vae"]
+    for name in ("vae_encoder", "unet", "vae"):
+        fp16 = report.components[name].precisions["fp16"]
+        assert fp16.measured and fp16.status.failed, name
+    fix = report.fix
+    assert report.verdict == "fixable" and fix is not None and fix.verified
+    assert fix.settings == {"text_encoder_precision": "bf16", "upcast_attention": True}
+    assert (fix.plan.dtypes["unet"], fix.plan.dtypes["vae"]) == ("fp16", "fp16")
+    assert not fix.plan.islands("unet") and not fix.plan.islands("vae")
 
 
 @pytest.mark.slow

@@ -47,3 +47,18 @@ def test_the_parts_own_settings_change_it():
     assert changes_part("vae", replace(BASE, modules={"vae": {"decoder.conv_in": "fp32"}}), BASE)
     assert changes_part("vae", replace(BASE, clamps={"vae": ("decoder.conv_out",)}), BASE)
     assert not changes_part("vae", replace(BASE, modules={"vae": {}}), BASE)  # none is empty
+
+
+def test_the_vaes_encoder_and_decoder_are_told_apart():
+    """The VAE's encoder (a job from a picture) and its decoder are one module: a layer fix of
+    the one leaves the other's run alone, the whole VAE's dtype reaches both."""
+    decoder_fixed = replace(BASE, modules={"vae": {"decoder.mid_block.attentions.0": "fp32"}})
+    assert changes_part("vae", decoder_fixed, BASE)
+    assert not changes_part("vae_encoder", decoder_fixed, BASE)
+    encoder_fixed = replace(BASE, clamps={"vae": ("encoder.down_blocks.1.resnets.0",)})
+    assert changes_part("vae_encoder", encoder_fixed, BASE)
+    assert not changes_part("vae", encoder_fixed, BASE)
+    assert changes_part("vae_encoder", replace(BASE, modules={"vae": {"quant_conv": "fp32"}}), BASE)
+    whole = replace(BASE, dtypes={**BASE.dtypes, "vae": "fp32"})
+    assert changes_part("vae", whole, BASE) and changes_part("vae_encoder", whole, BASE)
+    assert changes_part("vae_encoder", replace(BASE, upcast_attention=True), BASE)

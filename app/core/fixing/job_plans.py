@@ -9,7 +9,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
-from app.core.components import COMPONENTS, Role
+from app.core.components import COMPONENTS, Role, module_of, runs_layer
 from app.core.encoders import kinds
 from app.core.errors import HalfSafeError
 from app.core.fixing.layer_islands import whole_attention_plan
@@ -110,10 +110,18 @@ def switched(plan: PrecisionPlan, base: PrecisionPlan) -> bool:
 
 
 def changes_part(part: str, plan: PrecisionPlan, base: PrecisionPlan) -> bool:
-    """Whether `plan` runs the part `part` (a module of the pipeline) otherwise than `base`
-    does: what it holds for the part (`held`), or a switch every part runs under (an earlier
-    part's fix that upcasts attention reaches this one)."""
-    return held(plan, part) != held(base, part) or switched(plan, base)
+    """Whether `plan` runs the checked part `part` otherwise than `base` does: what it holds
+    for the layers the part runs (`held`, of its module: the VAE's encoder and decoder apart,
+    `components.runs_layer`), or a switch every part runs under (an earlier part's fix that
+    upcasts attention reaches this one)."""
+    return _runs(plan, part) != _runs(base, part) or switched(plan, base)
+
+
+def _runs(plan: PrecisionPlan, part: str) -> tuple[Any, ...]:
+    """What `plan` holds for the layers the checked part `part` runs."""
+    dtype, islands, clamps = held(plan, module_of(part))
+    ran = {path: d for path, d in islands.items() if runs_layer(part, path)}
+    return (dtype, ran, tuple(path for path in clamps if runs_layer(part, path)))
 
 
 def own_islands(pipeline) -> dict[str, dict[str, dict[str, str]]]:

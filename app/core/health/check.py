@@ -461,8 +461,9 @@ class _Check:
         runner = self.runner
         self.progress("Checking the VAE encoder", 1, self.stages)
         self.cancel.raise_if_cancelled()
+        as_tested = self.as_tested("vae_encoder", runner.encode_picture)
         first = self.first_probe(lambda: runner.encode_picture(self.search.plan))
-        good = self.settle(runner.encode_picture, ["vae_encoder"], first)
+        good = self.settle(runner.encode_picture, ["vae_encoder"], first, as_tested)
         assert runner.pictures is not None  # only a check of a job that starts from a picture
         references = runner.family.sequence_latents(
             self.model.pipeline, runner.pictures.mode, good.output, runner.pictures.mask
@@ -540,8 +541,9 @@ class _Check:
             noise = torch.rand(pixels.shape, generator=torch.Generator().manual_seed(1))
             pixels = noise * 2.0 - 1.0
         runner.enlarged = pixels.detach().float().clamp(-1.0, 1.0).cpu()
+        as_tested = self.as_tested("vae_encoder", runner.encode_picture)
         first = self.first_probe(lambda: runner.encode_picture(self.search.plan))
-        self.settle(runner.encode_picture, ["vae_encoder"], first)
+        self.settle(runner.encode_picture, ["vae_encoder"], first, as_tested)
         mark_fed_by(self.reports, ["vae_encoder"], fed_by, self.notes, "a seeded noise picture")
 
     def note_inputs_beyond_range(self) -> None:
