@@ -172,3 +172,32 @@ def test_a_rate_the_table_could_not_tell_counts_no_time():
     speed = dataclasses.replace(SPEED, gflops={"fp16": {"matmul": 1.0, "conv": 1.0}})
     assert speed.seconds({("fp16", "conv"): 1e9, ("fp16", "conv_weights"): 5.0}) == 1.0
     assert speed.seconds({("fp32", "cast"): 5.0}) is None  # fp32 was not measured at all
+
+
+def test_a_desktop_check_process_reads_the_fixed_table_instead_of_measuring(tmp_path):
+    """The desktop checks the ComfyUI tests run as processes predict from one fixed table
+    (`desktop_check.CPU_TABLE`), written where such a process looks for its cached one: it
+    reads that table and measures none, whatever this machine's speeds are."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.support.desktop_check import CPU_TABLE, ROOT, environment
+
+    code = (
+        "import json, torch; from app.core import hardware; "
+        "from app.core.hardware.selftest_cache import dtype_speed; "
+        "print(json.dumps(dtype_speed(hardware.describe_device(torch.device('cpu')), "
+        "torch.device('cpu')).to_json()))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment(tmp_path),
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = json.loads(done.stdout.strip().splitlines()[-1])
+    assert table == {"gflops": CPU_TABLE, "seconds_measuring": 0.0}

@@ -13,9 +13,50 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# The CPU's dtype table the checks in these processes predict their candidates' steps from: one
+# machine's (this project's 2-core Xeon with AVX-512 FP16 and AMX bf16, torch 2.13.0, measured
+# 2026-11-28), fixed, so that a desktop check ranks and prunes its candidates alike on every
+# machine and under any load, as the suite's own checks do with theirs (tests/conftest.py).
+CPU_TABLE = {
+    "fp16": {"matmul": 43.1, "matmul_weights": 0.414, "conv": 8.92, "conv_weights": 0.172},
+    "bf16": {
+        "matmul": 712.0,
+        "matmul_weights": 0.252,
+        "conv": 9.44,
+        "conv_weights": 0.194,
+        "cast": 0.137,
+    },
+    "fp32": {
+        "matmul": 33.2,
+        "matmul_weights": 0.209,
+        "conv": 9.73,
+        "conv_weights": 0.084,
+        "cast": 0.128,
+    },
+}
+
+
+def fixed_cpu_table(home: Path) -> Path:
+    """`CPU_TABLE` cached in `home`'s cache folder under this machine's CPU key, where a check
+    run with that folder reads it instead of measuring one (`selftest_cache.dtype_speed`)."""
+    import torch
+
+    from app.core import hardware
+    from app.core.hardware import dtype_speed
+    from app.core.hardware.selftest_cache import self_test_key
+
+    key = self_test_key(hardware.describe_device(torch.device("cpu")))
+    path = home / "cache" / "selftest" / dtype_speed.cache_path(key).name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {"key": key, "gflops": CPU_TABLE, "seconds_measuring": 0.0}
+    path.write_text(json.dumps(document), encoding="utf-8")
+    return path
+
+
 def environment(home: Path) -> dict[str, str]:
-    """HalfSafe's folders in `home` (the store is one file there), one thread, the CPU's bf16
-    class as the suite pins it."""
+    """HalfSafe's folders in `home` (the store is one file there) with the fixed CPU table in
+    its cache (`fixed_cpu_table`), one thread, the CPU's bf16 class as the suite pins it."""
+    fixed_cpu_table(home)
     return {
         **os.environ,
         "HALFSAFE_DATA_DIR": str(home / "data"),
