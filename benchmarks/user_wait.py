@@ -14,8 +14,9 @@ Two ways in, as the user meets them:
 
 Budgets (DESIGN.md): the first line within 10% and the proved fix within 25% of one 20-step
 generation at the same size on the same device. The warm way runs a one-step generation first,
-as a user's first job after a load: the first job at a precision casts the weights into it
-once, and the check and the generation after it both find them placed (`first_job_s`).
+as a user's first job after a load, which pays what only a first job pays (`first_job_s`);
+every job, the check and the generation alike, then places its parts as it runs (a copy cast
+into the job's precision where the stored weights are in another: `check_split.py` times it).
 
 `--baseline REV` measures the same cases on a checkout of REV (a temporary git worktree) too,
 alternating case by case, so a change's before and after come from one run.
@@ -139,9 +140,8 @@ def worker(case: dict) -> dict:
     load_phases = phases(marks, time.perf_counter())
     marks.clear()
     settings = PrecisionSettings(precision=case["precision"])
-    # A one-step generation first, as a user's first job after the load: the first job at a
-    # precision casts the weights into it, once, whichever job it is, and every later job
-    # (the check, the generation) reuses them.
+    # A one-step generation first, as a user's first job after the load: what only a first job
+    # pays is paid there. The check and the generation after it each place their parts.
     warm_up = GenerateRequest(generation=_generation(size, case["output"], 1), precision=settings)
     _, placed_began, placed_ended = run(jobs.generate, warm_up, 5)
     from app.core.fixing import profiles

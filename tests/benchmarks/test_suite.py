@@ -256,3 +256,34 @@ def test_the_family_projection_counts_published_shapes_and_judges_cards_as_place
         "unet": {"forms": {"x": {"whole": 9 * 2**30, "resident": budget, "block": 1, "blocks": 3}}}
     }
     assert family_memory.verdict(parts, "x", budget).startswith("no (unet needs")
+
+
+def test_the_check_split_finds_each_share_in_a_real_checks_profile():
+    """`check_split.py` splits a job's profile by function names in HalfSafe and diffusers: on
+    a real check of the tiny SD model every share it reads is there (a renamed function would
+    read as nothing spent), and the UNet calls are the check's three probed steps."""
+    import cProfile
+    import pstats
+
+    import check_split
+
+    from app.core import health
+    from app.core.health.request import CheckRequest, CheckRun
+    from app.core.settings import PrecisionSettings
+    from tests.support.planted_sd import loaded
+    from tests.support.tiny_models import build_tiny_sd_pipeline
+
+    model = loaded(build_tiny_sd_pipeline(), "split")
+    profile = cProfile.Profile()
+    profile.enable()
+    report = health.check_loaded(
+        model,
+        CheckRequest(precision=PrecisionSettings(precision="bf16"), device="cpu", size=64),
+        run=CheckRun(remember=False, measure_cost=False),
+    )
+    profile.disable()
+    found = check_split.shares(pstats.Stats(profile))
+    assert report.verdict == "healthy"
+    assert found["unet_n"] == check_split.PROBED_STEPS
+    checked = ("placing", "text", "check_denoiser", "decode", "recorder", "unet_calls")
+    assert all(found[share] > 0 for share in checked), found
