@@ -505,27 +505,14 @@ def text_encoder_fix_settings(path: Path) -> dict:
     return {COMPONENTS[c].setting: "fp32" for c in _text_encoder_components(path)}
 
 
-def _text_encoder_share(settings: dict, upsampler: bool = True) -> dict:
-    """The text encoders' share of stored settings (with a prompt upsampler's, where
-    `upsampler`): their precisions and their layers."""
-    from app.core.components import COMPONENTS, Role
-
-    roles = (Role.TEXT_ENCODER, Role.PROMPT_UPSAMPLER) if upsampler else (Role.TEXT_ENCODER,)
-    own = {c.setting for c in COMPONENTS.values() if c.role in roles and not c.borrows_setting}
-    share: dict = {k: v for k, v in settings.items() if k in own and v not in ("auto", None, False)}
-    for name in MODULE_LISTS:
-        entries = [e for e in settings.get(name) or [] if _role(str(e).partition(":")[0]) in roles]
-        if entries:
-            share[name] = entries
-    return share
-
-
 def text_encoder_fix_from_settings(settings: dict, path: Path, notes: list[str]) -> dict | None:
     """A remembered fix's text-encoder share as the nodes' fix for the CLIP of the checkpoint
     `path`: the whole CLIP in fp32, the one fix HalfSafe Fix puts on a CLIP, which holds every
     narrower one (a layer or one of its encoders kept wider, bf16); None where the share is
     empty."""
-    share = _text_encoder_share(settings, upsampler=False)
+    from app.core.fixing.file_fixes import text_encoder_settings
+
+    share = text_encoder_settings(settings, upsampler=False)
     if not share:
         return None
     if share != text_encoder_fix_settings(path):
@@ -634,7 +621,7 @@ def _store(key: str, device: str, entry: dict, notes: list[str]) -> None:
         if held is None or any(_role(p) is _role(other) for p in parts):
             continue
         if other == TEXT_ENCODER_PART:
-            kept = _text_encoder_share(held.settings)
+            kept = file_fixes.text_encoder_settings(held.settings)
         else:
             kept = file_fixes.part_settings(held.settings, other)
         if kept:
@@ -688,7 +675,9 @@ def remembered(model, notes: list[str], vae=None, clip=None) -> dict | None:
                     "The remembered fix has a VAE part: connect the VAE to HalfSafe Fix to "
                     "apply it."
                 )
-            if clip is None and _text_encoder_share(found.fix.settings, upsampler=False):
+            if clip is None and file_fixes.text_encoder_settings(
+                found.fix.settings, upsampler=False
+            ):
                 notes.append(
                     "The remembered fix has a text-encoder part: connect the CLIP to "
                     "HalfSafe Fix to apply it."

@@ -72,6 +72,27 @@ def part_settings(settings: Mapping[str, Any], component: str) -> dict[str, Any]
     return share
 
 
+def text_encoder_settings(settings: Mapping[str, Any], upsampler: bool = True) -> dict[str, Any]:
+    """The text encoders' share of a fix's settings (with a prompt upsampler's, where
+    `upsampler`): their own precision settings (not one a part borrows from the denoiser), the
+    switches of the layers their kinds keep wider (T5's feed-forward), and their layers in the
+    module lists."""
+    from app.core.encoders.kinds import OWN_ISLANDS
+
+    roles = (Role.TEXT_ENCODER, Role.PROMPT_UPSAMPLER) if upsampler else (Role.TEXT_ENCODER,)
+    own = {c.setting for c in COMPONENTS.values() if c.role in roles and not c.borrows_setting}
+    own |= {island.setting for island in OWN_ISLANDS}
+    share: dict[str, Any] = {}
+    for name, value in settings.items():
+        if name in _MODULE_LISTS:
+            entries = [e for e in value or [] if _role(str(e).partition(":")[0]) in roles]
+            if entries:
+                share[name] = entries
+        elif name in own and value not in ("auto", None, False):
+            share[name] = value
+    return share
+
+
 def part_fix(fix: RememberedFix, component: str) -> RememberedFix | None:
     """`fix` cut to the share of `component` (None where it has none)."""
     share = part_settings(fix.settings, component)
