@@ -608,28 +608,38 @@ def _join(settings: dict, more: dict) -> None:
         settings[name] = [*settings.get(name, []), *value] if name in MODULE_LISTS else value
 
 
+def _share(settings: dict, part: str) -> dict:
+    """The share of `part` in a fix's settings."""
+    from app.core.fixing import file_fixes
+
+    if _role(part) is _role(TEXT_ENCODER_PART):
+        return file_fixes.text_encoder_settings(settings)
+    return file_fixes.part_settings(settings, part)
+
+
 def _store(key: str, device: str, entry: dict, notes: list[str]) -> None:
-    """Write `entry` under this file and device, keeping the share of each part it does not
-    prove from what was stored there."""
+    """Write `entry` under this file and device, keeping what was stored there beside the parts
+    it proves (`file_fixes.kept_beside`)."""
     from app.core.fixing import file_fixes, profiles
     from app.core.precision.words import fix_words
 
     settings, summaries = dict(entry["settings"]), list(entry["summaries"])
     made_at, parts = dict(entry["made_at"]), list(entry["parts"])
     held = profiles.lookup(key, device).fix
-    for other in (COMPONENT, VAE_COMPONENT, TEXT_ENCODER_PART):
-        if held is None or any(_role(p) is _role(other) for p in parts):
-            continue
-        if other == TEXT_ENCODER_PART:
-            kept = file_fixes.text_encoder_settings(held.settings)
-        else:
-            kept = file_fixes.part_settings(held.settings, other)
+    if held is not None:
+        # Every share of the stored entry but those of the parts proved now (the new fix's own
+        # values win where both set one): nothing already saved is lost.
+        kept = file_fixes.kept_beside(held.settings, parts)
+        kept = {k: v for k, v in kept.items() if k in MODULE_LISTS or k not in settings}
         if kept:
             _join(settings, kept)
             # Said from the share itself: the held summary also speaks of the parts replaced.
             summaries.append(f"Kept from the fix remembered before: {fix_words(kept)}.")
             made_at = {**held.made_at, **made_at}
-            parts.append(other)
+            proved = {_role(p) for p in parts}
+            for other in dict.fromkeys((*held.parts, COMPONENT, VAE_COMPONENT, TEXT_ENCODER_PART)):
+                if _role(other) not in proved and other not in parts and _share(kept, other):
+                    parts.append(other)
     profiles.remember_fix(
         key,
         device,

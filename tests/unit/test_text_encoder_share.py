@@ -69,3 +69,38 @@ def test_a_fix_the_node_proves_keeps_the_desktops_text_encoder_share():
     assert stored.settings["no_half_vae"] is True  # the VAE's share kept too
     assert "unet:down_blocks.0" in stored.settings["fp32_modules"]
     assert "unet:mid_block" not in stored.settings["fp32_modules"]  # the node's replaced it
+
+
+def test_a_switch_no_part_owns_stays_beside_a_fix_the_node_proves():
+    """A desktop fix that turned CUDA's reduced-precision sums off (a switch every part runs
+    under, set False over the user's True) for a checkpoint stays when the node proves the
+    diffusion model's fix for the same file; the parts' own shares follow their parts."""
+    store = _node_store()
+    key, device = "file:sdxl-checkpoint", "NVIDIA GeForce RTX 3060"
+    desktop = {
+        "fp16_accumulation": False,
+        "attention_reduced_precision": False,
+        "fp16_reduced_precision_reduction": False,
+        "upcast_attention": True,  # the denoiser's: the node's proof replaces it
+        "vae_precision": "fp32",
+    }
+    profiles.remember_fix(key, device, desktop, "the desktop's fix", "health check")
+    node_fix = {
+        "settings": {"fp32_modules": ["unet:mid_block.attentions.0"]},
+        "summaries": ["keep 1 UNet layer in fp32"],
+        "made_at": {},
+        "parts": ["unet"],
+    }
+    store._store(key, device, node_fix, [])
+
+    stored = profiles.lookup(key, device).fix
+    assert stored is not None
+    assert stored.settings == {
+        "fp32_modules": ["unet:mid_block.attentions.0"],
+        "fp16_accumulation": False,
+        "attention_reduced_precision": False,
+        "fp16_reduced_precision_reduction": False,
+        "vae_precision": "fp32",
+    }
+    assert "Kept from the fix remembered before:" in stored.summary
+    assert set(stored.parts) >= {"unet", "vae"}

@@ -12,7 +12,7 @@ runs in the process that loaded it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -91,6 +91,35 @@ def text_encoder_settings(settings: Mapping[str, Any], upsampler: bool = True) -
         elif name in own and value not in ("auto", None, False):
             share[name] = value
     return share
+
+
+def kept_beside(settings: Mapping[str, Any], proved: Collection[str]) -> dict[str, Any]:
+    """What a stored fix's `settings` keep beside a new fix proved for the parts `proved`:
+    every other part's settings and layers, and the switches every part runs under that no
+    part owns (CUDA's reduced-precision sums turned off, TF32): a new fix for one part replaces
+    that part's share alone, so nothing else already saved is lost. A switch turned off stays
+    (it overrides the user's setting); another setting left at its default does not."""
+    from app.core.encoders.kinds import OWN_ISLANDS
+    from app.core.fixing.job_plans import SHARED_SWITCHES
+
+    roles = {_role(p) for p in proved}
+    owned = {c.setting for c in COMPONENTS.values() if c.role in roles and not c.borrows_setting}
+    owned |= {flag for role in roles for flag in _PART_FLAGS.get(role, ())}  # type: ignore[arg-type]
+    if Role.TEXT_ENCODER in roles:
+        owned |= {island.setting for island in OWN_ISLANDS}
+    kept: dict[str, Any] = {}
+    for name, value in settings.items():
+        if name in _MODULE_LISTS:
+            entries = [e for e in value or [] if _role(str(e).partition(":")[0]) not in roles]
+            if entries:
+                kept[name] = entries
+        elif (
+            name not in owned
+            and value not in ("auto", None)
+            and (value is not False or name in SHARED_SWITCHES)
+        ):
+            kept[name] = value
+    return kept
 
 
 def part_fix(fix: RememberedFix, component: str) -> RememberedFix | None:
