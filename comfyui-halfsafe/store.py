@@ -608,13 +608,25 @@ def _join(settings: dict, more: dict) -> None:
         settings[name] = [*settings.get(name, []), *value] if name in MODULE_LISTS else value
 
 
-def _share(settings: dict, part: str) -> dict:
-    """The share of `part` in a fix's settings."""
+def _kept_parts(kept: dict, proved: list[str], held: tuple[str, ...]) -> list[str]:
+    """The parts a kept share speaks for, one name a role: the stored entry's own name for it
+    (a transformer, a prompt upsampler), else the nodes' ("unet", "vae", "text_encoder")."""
     from app.core.fixing import file_fixes
 
-    if _role(part) is _role(TEXT_ENCODER_PART):
-        return file_fixes.text_encoder_settings(settings)
-    return file_fixes.part_settings(settings, part)
+    def share(part: str) -> dict:
+        if _role(part) is _role(TEXT_ENCODER_PART):
+            return file_fixes.text_encoder_settings({**kept}, upsampler=False)
+        return file_fixes.part_settings(kept, part)
+
+    named = {_role(p) for p in proved}
+    found: list[str] = []
+    for part in (*held, COMPONENT, VAE_COMPONENT, TEXT_ENCODER_PART):
+        role = _role(part)
+        upsampler = part == "prompt_upsampler" and kept.get("prompt_upsampler_precision")
+        if role not in named and (upsampler or share(part)):
+            named.add(role)
+            found.append(part)
+    return found
 
 
 def _store(key: str, device: str, entry: dict, notes: list[str]) -> None:
@@ -629,17 +641,14 @@ def _store(key: str, device: str, entry: dict, notes: list[str]) -> None:
     if held is not None:
         # Every share of the stored entry but those of the parts proved now (the new fix's own
         # values win where both set one): nothing already saved is lost.
-        kept = file_fixes.kept_beside(held.settings, parts)
+        kept = file_fixes.kept_beside(held.settings, parts, held.parts)
         kept = {k: v for k, v in kept.items() if k in MODULE_LISTS or k not in settings}
         if kept:
             _join(settings, kept)
             # Said from the share itself: the held summary also speaks of the parts replaced.
             summaries.append(f"Kept from the fix remembered before: {fix_words(kept)}.")
             made_at = {**held.made_at, **made_at}
-            proved = {_role(p) for p in parts}
-            for other in dict.fromkeys((*held.parts, COMPONENT, VAE_COMPONENT, TEXT_ENCODER_PART)):
-                if _role(other) not in proved and other not in parts and _share(kept, other):
-                    parts.append(other)
+            parts += _kept_parts(kept, parts, held.parts)
     profiles.remember_fix(
         key,
         device,

@@ -71,36 +71,82 @@ def test_a_fix_the_node_proves_keeps_the_desktops_text_encoder_share():
     assert "unet:mid_block" not in stored.settings["fp32_modules"]  # the node's replaced it
 
 
-def test_a_switch_no_part_owns_stays_beside_a_fix_the_node_proves():
-    """A desktop fix that turned CUDA's reduced-precision sums off (a switch every part runs
-    under, set False over the user's True) for a checkpoint stays when the node proves the
-    diffusion model's fix for the same file; the parts' own shares follow their parts."""
+def _stored_after_the_node(key: str, desktop: dict, parts: tuple[str, ...], node: dict, proved):
+    """The entry stored for `key` after the desktop stored `desktop` (for its `parts`) and the
+    node then proved `node` for the parts `proved`."""
     store = _node_store()
-    key, device = "file:sdxl-checkpoint", "NVIDIA GeForce RTX 3060"
+    device = "NVIDIA GeForce RTX 3060"
+    profiles.remember_fix(key, device, desktop, "the desktop's fix", "health check", parts=parts)
+    entry = {"settings": node, "summaries": ["the node's fix"], "made_at": {}, "parts": proved}
+    store._store(key, device, entry, [])
+    stored = profiles.lookup(key, device).fix
+    assert stored is not None
+    return stored
+
+
+SD = ("text_encoder", "unet", "vae")
+
+
+def test_a_switch_every_part_runs_under_stays_beside_a_fix_the_node_proves():
+    """A desktop fix may set a switch every part runs under for any part (the VAE's attention
+    upcast; CUDA's reduced-precision sums turned off over the user's True): the node's fix for
+    the diffusion model keeps it, each fix's group whole; the parts' own shares follow them."""
     desktop = {
         "fp16_accumulation": False,
         "attention_reduced_precision": False,
         "fp16_reduced_precision_reduction": False,
-        "upcast_attention": True,  # the denoiser's: the node's proof replaces it
+        "upcast_attention": True,
+        "attention_backend": "math",
         "vae_precision": "fp32",
+        "unet_precision": "bf16",
     }
-    profiles.remember_fix(key, device, desktop, "the desktop's fix", "health check")
-    node_fix = {
-        "settings": {"fp32_modules": ["unet:mid_block.attentions.0"]},
-        "summaries": ["keep 1 UNet layer in fp32"],
-        "made_at": {},
-        "parts": ["unet"],
-    }
-    store._store(key, device, node_fix, [])
-
-    stored = profiles.lookup(key, device).fix
-    assert stored is not None
+    node = {"fp32_modules": ["unet:mid_block.attentions.0"]}
+    stored = _stored_after_the_node("file:sdxl", desktop, SD, node, ["unet"])
     assert stored.settings == {
         "fp32_modules": ["unet:mid_block.attentions.0"],
         "fp16_accumulation": False,
         "attention_reduced_precision": False,
         "fp16_reduced_precision_reduction": False,
+        "upcast_attention": True,
+        "attention_backend": "math",
         "vae_precision": "fp32",
     }
     assert "Kept from the fix remembered before:" in stored.summary
-    assert set(stored.parts) >= {"unet", "vae"}
+    assert stored.parts == ("unet", "vae")
+
+
+def test_everything_in_fp32_stays_as_the_other_parts_in_fp32():
+    """The desktop's last resort, everything in fp32: the node's fix for the diffusion model
+    stands in for the UNet's share, and the text encoder and VAE stay in fp32."""
+    stored = _stored_after_the_node(
+        "file:sd1", {"no_half": True}, SD, {"unet_precision": "bf16"}, ["unet"]
+    )
+    assert stored.settings == {
+        "unet_precision": "bf16",
+        "text_encoder_precision": "fp32",
+        "vae_precision": "fp32",
+    }
+
+
+def test_the_vaes_encoder_layers_stay_where_the_node_proved_its_decode():
+    """The node checks the VAE's decode: a fix of it replaces the decoder's layers and the
+    VAE's precision, and keeps the encoder's layers a desktop image-to-image check found."""
+    desktop = {
+        "fp32_modules": ["vae:encoder.mid_block.attentions.0", "vae:decoder.up_blocks.1"],
+        "no_half_vae": True,
+    }
+    node = {"fp32_modules": ["vae:decoder.up_blocks.0.resnets.0"]}
+    stored = _stored_after_the_node("file:sd1-vae", desktop, SD, node, ["vae"])
+    assert stored.settings == {
+        "fp32_modules": ["vae:decoder.up_blocks.0.resnets.0", "vae:encoder.mid_block.attentions.0"]
+    }
+
+
+def test_each_role_is_one_part_and_the_entrys_own_name_comes_first():
+    """A Flux entry keeps its transformer's share beside the node's VAE fix: the parts are
+    named as the entry named them, once a role."""
+    desktop = {"unet_precision": "bf16", "text_encoder_2_precision": "bf16"}
+    parts = ("text_encoder", "text_encoder_2", "transformer", "vae")
+    stored = _stored_after_the_node("file:flux", desktop, parts, {"vae_precision": "fp32"}, ["vae"])
+    assert stored.settings == {**desktop, "vae_precision": "fp32"}
+    assert stored.parts == ("vae", "text_encoder", "transformer")

@@ -72,6 +72,15 @@ def part_settings(settings: Mapping[str, Any], component: str) -> dict[str, Any]
     return share
 
 
+def _setting_role(component: str) -> Role | None:
+    """The role whose setting and file govern `component`'s layers: the denoiser's for a part
+    that borrows its setting (Anima's text conditioner, kept in the diffusion model's file)."""
+    found = COMPONENTS.get(component)
+    if found is None:
+        return None
+    return Role.DENOISER if found.borrows_setting else found.role
+
+
 def text_encoder_settings(settings: Mapping[str, Any], upsampler: bool = True) -> dict[str, Any]:
     """The text encoders' share of a fix's settings (with a prompt upsampler's, where
     `upsampler`): their own precision settings (not one a part borrows from the denoiser), the
@@ -85,7 +94,7 @@ def text_encoder_settings(settings: Mapping[str, Any], upsampler: bool = True) -
     share: dict[str, Any] = {}
     for name, value in settings.items():
         if name in _MODULE_LISTS:
-            entries = [e for e in value or [] if _role(str(e).partition(":")[0]) in roles]
+            entries = [e for e in value or [] if _setting_role(str(e).partition(":")[0]) in roles]
             if entries:
                 share[name] = entries
         elif name in own and value not in ("auto", None, False):
@@ -93,32 +102,59 @@ def text_encoder_settings(settings: Mapping[str, Any], upsampler: bool = True) -
     return share
 
 
-def kept_beside(settings: Mapping[str, Any], proved: Collection[str]) -> dict[str, Any]:
-    """What a stored fix's `settings` keep beside a new fix proved for the parts `proved`:
-    every other part's settings and layers, and the switches every part runs under that no
-    part owns (CUDA's reduced-precision sums turned off, TF32): a new fix for one part replaces
-    that part's share alone, so nothing else already saved is lost. A switch turned off stays
-    (it overrides the user's setting); another setting left at its default does not."""
+# The settings of a whole job, every part at once: a new fix for some parts stands in for them
+# (`kept_beside` hands the others' share of everything in fp32 to those parts).
+_WHOLE_JOB = ("no_half", "precision")
+
+
+def kept_beside(
+    settings: Mapping[str, Any], proved: Collection[str], held_parts: Collection[str] = ()
+) -> dict[str, Any]:
+    """What a stored fix's `settings` keep beside a new fix proved for the parts `proved`: a
+    new fix for a part replaces that part's own share (its precision setting, its own switch,
+    its layers), and nothing else already saved is lost:
+    - every other part's share, the layers of the VAE's encoder among them where only its
+      decode was proved (`components.runs_layer`);
+    - every switch every part runs under (attention upcast, another kernel, CUDA's reduced
+      precision sums off), which a fix found for any part may have set, the group each fix sets
+      kept whole;
+    - everything in fp32 (`no_half`) as each other part of `held_parts` (the stored fix's
+      parts) in fp32.
+    A setting left at its default is not kept, but a switch turned off is: it overrides the
+    user's own."""
+    from app.core.components import runs_layer
     from app.core.encoders.kinds import OWN_ISLANDS
     from app.core.fixing.job_plans import SHARED_SWITCHES
 
     roles = {_role(p) for p in proved}
     owned = {c.setting for c in COMPONENTS.values() if c.role in roles and not c.borrows_setting}
-    owned |= {flag for role in roles for flag in _PART_FLAGS.get(role, ())}  # type: ignore[arg-type]
+    owned |= {flag for role in roles if role is Role.VAE for flag in _PART_FLAGS[role]}
     if Role.TEXT_ENCODER in roles:
         owned |= {island.setting for island in OWN_ISLANDS}
+    encoder_proved = Role.VAE_ENCODER in roles
+
+    def kept_layer(entry: str) -> bool:
+        component, _, path = entry.partition(":")
+        role = _setting_role(component)
+        if role is Role.VAE and not encoder_proved and not runs_layer("vae", path):
+            return True  # the encoder's layer: only the VAE's decode was proved
+        return role not in roles
+
     kept: dict[str, Any] = {}
     for name, value in settings.items():
         if name in _MODULE_LISTS:
-            entries = [e for e in value or [] if _role(str(e).partition(":")[0]) not in roles]
+            entries = [e for e in value or [] if kept_layer(str(e))]
             if entries:
                 kept[name] = entries
-        elif (
-            name not in owned
-            and value not in ("auto", None)
-            and (value is not False or name in SHARED_SWITCHES)
-        ):
+        elif name in _WHOLE_JOB or name in owned or value in ("auto", None):
+            continue
+        elif value is not False or name in SHARED_SWITCHES:
             kept[name] = value
+    if settings.get("no_half") is True:
+        for part in held_parts:
+            found = COMPONENTS.get(part)
+            if found is not None and found.role not in roles and not found.borrows_setting:
+                kept.setdefault(found.setting, "fp32")
     return kept
 
 
