@@ -367,7 +367,9 @@ def test_the_healthy_model_is_healthy_in_fp16_and_every_component_is_probed(buil
 
 
 @pytest.mark.parametrize(("name", "plant"), PLANTED)
-def test_a_planted_overflow_is_found_and_only_what_failed_is_fixed(name, plant):
+def test_a_planted_overflow_is_found_and_only_what_failed_is_fixed_resident_or_streamed(
+    name, plant
+):
     component, layer = plant.component, plant.layer
 
     report = check(loaded(planted(name, plant), name, "planted"))
@@ -409,23 +411,18 @@ def test_a_planted_overflow_is_found_and_only_what_failed_is_fixed(name, plant):
     again = check(loaded(planted(name, plant), name, "again"), settings)
     assert again.verdict == "healthy"
 
+    # Streamed block by block (a budget below any part's stored bytes): the same layer and fix.
+    streamed = check(loaded(planted(name, plant), name, "streamed"), STREAMED)
+    assert plant.component in streamed.to_json()["memory"]["streamed"]  # a block at a time
+    assert streamed.verdict == "fixable"
+    for part, resident in report.components.items():
+        got = streamed.components[part]
+        assert (got.status, got.first_bad_module) == (resident.status, resident.first_bad_module)
+    assert streamed.fix.verified and streamed.fix.settings == fix.settings
+
 
 # Less than any tiny component holds as stored: every component streams block by block.
 STREAMED = dataclasses.replace(FP16, max_vram_gb=0.0001)
-
-
-@pytest.mark.parametrize(("name", "plant"), PLANTED)
-def test_streamed_block_by_block_the_check_finds_the_same_layer_and_fix(name, plant):
-    resident = check(loaded(planted(name, plant), name, "resident"))
-    streamed = check(loaded(planted(name, plant), name, "streamed"), STREAMED)
-
-    memory = streamed.to_json()["memory"]
-    assert plant.component in memory["streamed"]  # its blocks came to the device one at a time
-    assert streamed.verdict == resident.verdict == "fixable"
-    for name, report in resident.components.items():
-        got = streamed.components[name]
-        assert (got.status, got.first_bad_module) == (report.status, report.first_bad_module)
-    assert streamed.fix.verified and streamed.fix.settings == resident.fix.settings
 
 
 # --- generation ----------------------------------------------------------------------------
