@@ -248,13 +248,15 @@ def remember_fix(context: JobContext, request: RememberFixRequest) -> ModelSumma
     info = hardware.describe_device(hardware.pick_device(request.device))
     verified_by = "generation repair" if request.verified_by == "generation" else "health check"
     held = profiles.remembered_fix(model.profile_key, info.name)
+    # The check that proved it remembered it already, with what of the fix remembered before
+    # its proof stood on (`job_plans.proved_with`): that entry, and when it was made, stay.
     same = (
         held is not None
-        and dict(held.settings) == dict(request.settings)
+        and all(held.settings.get(k) == v for k, v in request.settings.items())
         and held.verified_by == verified_by
         and held.edited_at is None
     )
-    if not same:  # the check that proved it remembered it already: when it did stays
+    if not same:
         profiles.remember_fix(
             model.profile_key,
             info.name,

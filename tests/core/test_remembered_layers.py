@@ -86,3 +86,33 @@ def test_a_model_loaded_says_which_layers_of_its_remembered_fix_it_lacks(demo):
     assert summary.unknown_layers([*GOOD, MISSING]) == [MISSING]
     (note,) = [n for n in summary.profile_notes if MISSING in n]
     assert "which this model does not have" in note
+
+
+@pytest.mark.parametrize("attributed", [False, True], ids=["check", "check_and_attribute"])
+def test_a_fix_proved_with_a_remembered_one_is_remembered_with_it(attributed):
+    """A check that runs with the fix remembered for the model (the VAE in fp32) and proves
+    the UNet's fix beside it remembers both: its proof stood on the VAE in fp32. The next
+    check, with what it remembered, is healthy (it was "fixable" again, the VAE's fix lost)."""
+    from app.core import causes
+    from tests.support.planted_sd import loaded, plant
+    from tests.support.tiny_models import build_tiny_sd_pipeline
+
+    device = hardware.describe_device("cpu").name
+    profiles.remember_fix("both", device, {"no_half_vae": True}, "The VAE.", "health check")
+
+    def planted():
+        return loaded(plant(plant(build_tiny_sd_pipeline(), "vae"), "unet_ff"), "both")
+
+    request = CheckRequest(precision=FP16, device="cpu", size=64)
+    run = CheckRun(remember=True, measure_cost=False)
+    check = causes.check_and_attribute if attributed else health.check_loaded
+    report = check(planted(), request, run=run)
+    assert report.verdict == "fixable" and report.fix is not None and report.fix.verified
+    assert report.plan.dtypes["vae"] == "fp32"  # the remembered VAE fix ran
+    assert report.fix.settings.keys() == {"bf16_modules"}  # what this check proved
+
+    stored = profiles.remembered_fix("both", device)
+    assert stored is not None
+    assert stored.settings == {"no_half_vae": True, **report.fix.settings}
+    again = health.check_loaded(planted(), request, run=CheckRun(remember=False))
+    assert again.verdict == "healthy", again.headline

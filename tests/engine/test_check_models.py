@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from app.core import hardware
 from app.core.components import Verdict
 from app.core.fixing import profiles
 from app.core.health import saved
@@ -176,3 +177,21 @@ def test_applying_the_fix_a_check_just_remembered_keeps_its_proof_and_its_time()
     [after] = profiles.stored_fixes().fixes
     assert after.fix.saved_at == before.fix.saved_at
     assert after.fix.summary == report.fix.summary
+
+
+def test_applying_a_fix_keeps_what_the_check_remembered_beside_it():
+    """A check run with a remembered VAE fix remembers the UNet's layers with it; Apply fix
+    sends the layers alone, which that entry holds: it stays whole (before, it was replaced by
+    the layers, the VAE's fix lost)."""
+    session = Session()
+    _load(session, "demo-overflow")
+    model = session.model
+    assert model is not None
+    device = hardware.describe_device("cpu").name
+    layers = ["unet:mid_block.attentions.0.proj_out"]
+    held = {"no_half_vae": True, "bf16_modules": layers}
+    profiles.remember_fix(model.profile_key, device, held, "both parts", "health check")
+    request = RememberFixRequest({"bf16_modules": layers}, "the layers", "health check")
+    jobs.remember_fix(Job(session, request).context, request)
+    stored = profiles.remembered_fix(model.profile_key, device)
+    assert stored is not None and stored.settings == held and stored.summary == "both parts"

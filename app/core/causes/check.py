@@ -122,11 +122,12 @@ def _remember(model, report: HealthReport) -> None:
     if not fix.settings:
         return
     from app.core.fixing import profiles
+    from app.core.fixing.job_plans import proved_with
 
     profiles.remember_fix(
         model.profile_key,
         report.device.name,
-        dict(fix.settings),
+        proved_with(report.remembered_ran, fix.settings, fix.plan),
         fix.summary,
         "health check",
         made_at=report.plan.dtype_settings(),

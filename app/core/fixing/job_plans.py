@@ -158,6 +158,35 @@ def unknown_layers(settings: Mapping[str, Any], pipeline) -> list[tuple[str, str
     return unknown
 
 
+def remembered_ran(plan: PrecisionPlan, remembered: Any) -> dict[str, Any]:
+    """What of the remembered fix `remembered` (a `RememberedFix`, or None) the job planned as
+    `plan` ran with: a setting the user's own overrode, or a layer the model lacks, took no
+    part in it."""
+    if remembered is None:
+        return {}
+    ran_with = {*plan.remembered_used, *plan.remembered_held}
+    usable = without_layers(remembered.settings, plan.remembered_dropped)
+    return {key: value for key, value in usable.items() if key in ran_with}
+
+
+def proved_with(ran: Mapping[str, Any], settings: Mapping[str, Any], plan: PrecisionPlan):
+    """The fix to remember: its `settings`, proved running `plan`, with what of the remembered
+    fix the job ran with (`ran`, `remembered_ran`), which its proof stood on (a check run with
+    the VAE in fp32 from memory proves the UNet's layers beside it, not instead of it). A layer
+    of the remembered fix is kept in the list `plan` holds it in: the new fix's lists are the
+    plan's own, and a layer it moved (bf16 to fp32) is not kept in the old one too."""
+    kept = dict(ran)
+    lists = plan.module_settings()
+    for key in MODULE_SETTINGS:
+        if key in kept and key not in settings:
+            still = [e for e in kept[key] or [] if e in lists.get(key, ())]
+            if still:
+                kept[key] = still
+            else:
+                del kept[key]
+    return {**kept, **settings}
+
+
 def without_layers(settings: Mapping[str, Any], entries: Collection[str]) -> dict[str, Any]:
     """`settings` with the module entries `entries` ("component:layer") left out, and a
     module setting left empty by that left out too."""

@@ -410,8 +410,7 @@ def _learned_fix(
     usable = (
         job_plans.without_layers(remembered.settings, plan.remembered_dropped) if remembered else {}
     )
-    kept = {key: value for key, value in usable.items() if key in ran_with}
-    merged = {**kept, **job.repairs.fix_settings}
+    merged = {**job_plans.remembered_ran(plan, remembered), **job.repairs.fix_settings}
     parts = join_words(job.repairs.fixed_components)
     # What of it the user's settings overrode (a layer the model lacks is no override).
     asked = precision.to_dict()

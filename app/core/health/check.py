@@ -626,10 +626,11 @@ class _Check:
         """Store the fix in the model's remembered profile for this device."""
         from app.core.fixing import profiles
 
+        ran = job_plans.remembered_ran(self.plan, self.start.remembered)
         profiles.remember_fix(
             self.model.profile_key,
             self.start.info.name,
-            self.search.settings,
+            job_plans.proved_with(ran, self.search.settings, self.search.plan),
             fix.summary,
             "health check",
             made_at=self.plan.dtype_settings(),
@@ -740,6 +741,7 @@ def _report(
         ),
         loras=[LoraIdentity.of(applied) for applied in getattr(model, "loras", [])],
         tried=list(check.search.candidates),
+        remembered_ran=job_plans.remembered_ran(plan, remembered),
         unfixed=in_run_order(check.search.unfixed),
         weights_bad_quantized=list(start.bad_quantized),
         mode=(pictures.mode if pictures else Mode.TEXT).value,

@@ -274,6 +274,9 @@ class HealthReport:
     # The failed components no precision setting made finite and right (in run order): what a
     # broken verdict is about. Not reported (each one's status is).
     unfixed: list[str] = field(default_factory=list, repr=False)
+    # What of the fix remembered for the model the check ran with (`job_plans.remembered_ran`):
+    # a fix it proves is remembered with it, since its proof stood on it. Not reported.
+    remembered_ran: dict[str, SettingValue] = field(default_factory=dict, repr=False)
     # Quantized weights that decode wrongly: a loader's or a conversion's fault, told apart
     # from overflow.
     weights_bad_quantized: list[QuantFinding] = field(default_factory=list)
