@@ -436,6 +436,9 @@ def _clamp(_module, _args, output):
     return tuple(map(held, output)) if isinstance(output, tuple) else held(output)
 
 
+NOTHING = "nothing to change"  # `apply_fix`'s words for a fix with no diffusion-model part
+
+
 def apply_fix(model, fix: dict) -> str:
     """Put `fix` (the nodes' fix: a whole-model compute dtype, islands, clamps) on `model`, a
     clone; returns what was done, in words."""
@@ -449,7 +452,7 @@ def apply_fix(model, fix: dict) -> str:
     if fix.get("clamps"):
         apply_clamps(model, fix["clamps"])
         said.append(f"{len(fix['clamps'])} layer(s) clamped to fp16's range")
-    return "; ".join(said) or "nothing to change"
+    return "; ".join(said) or NOTHING
 
 
 def named(islands: dict[str, str], prefix: str = PREFIX, most: int = 4) -> str:

@@ -162,12 +162,12 @@ class Watch:
         patcher = guider.model_patcher
         notes: list[str] = []
         fix, source = store.remembered(patcher, notes), "remembered for this model"
-        if fix is None:
+        proved = fix is None
+        if proved:
             fix, source = self._proved(patcher), "proved on the failing call"
             if fix is None:
                 finding.repair = "Not repaired: even fp32 goes non-finite at that call."
                 return None
-            store.remember(patcher, fix, fix["summary"], fix.get("made_at") or {}, notes)
         fixed = patcher.clone()
         done = "; ".join(attention.apply_fix(fixed, fix))
         again = _guider_again(guider, fixed)
@@ -185,6 +185,8 @@ class Watch:
         if still:
             finding.repair = f"Sampled again with the fix {source} ({done}): still non-finite."
             return None
+        if proved:  # remembered once the run made again with it came out finite
+            store.remember(patcher, fix, fix["summary"], fix.get("made_at") or {}, notes)
         finding.repaired = True
         finding.repair = (
             f"Repaired: sampled again with the fix {source} ({done}), finite. "
@@ -260,12 +262,14 @@ def watched(model, repair: dict | None = None, repairs: bool = True):
     `repairs` and no fix, a failed run sampled again with a proved one)."""
     import comfy.patcher_extension as extension
 
-    from . import host
+    from . import attention, host
 
     clone = model.clone()
-    if repair:
-        host.apply_fix(clone, repair)
-    watch = Watch(repair=repair, repairs=repairs)
+    # The whole fix connected, its attention switch too (as HalfSafe Fix puts it on); a fix
+    # with nothing for the diffusion model (a VAE's alone) leaves the watch free to repair.
+    done = attention.apply_fix(clone, repair) if repair else []
+    applied = [d for d in done if d != host.NOTHING]
+    watch = Watch(repair=repair if applied else None, repairs=repairs)
     clone.add_wrapper_with_key(extension.WrappersMP.APPLY_MODEL, "halfsafe_watch", watch.on_call)
     clone.add_wrapper_with_key(extension.WrappersMP.OUTER_SAMPLE, "halfsafe_watch", watch.on_sample)
     return clone, watch

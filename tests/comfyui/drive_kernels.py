@@ -89,6 +89,17 @@ def sampled_finite(model) -> bool:
     return drive.finite(out["samples"])
 
 
+def watched(nodes, model, fix) -> dict:
+    """Three KSampler steps through HalfSafe NaN Watch with `fix` connected: its output and
+    what the watch found (nothing, where the fix it put on holds)."""
+    (model_watched,) = nodes["HalfSafeNaNWatch"]().watch(model, fix, True)
+    state = model_watched.get_wrappers("apply_model", "halfsafe_watch")[0].__self__
+    return {
+        "sampled_finite": sampled_finite(model_watched),
+        "findings": [f.words() for f in state.findings],
+    }
+
+
 def main() -> None:
     comfy_folder, package_folder, checkpoint, work = (Path(a) for a in sys.argv[1:5])
     drive.start_comfy(comfy_folder)
@@ -115,6 +126,7 @@ def main() -> None:
         found["broken_sampled_finite"] = sampled_finite(model)
         found["fixed"] = fixed(nodes, host, model, fix, call, reference)
         found["remembered"] = fixed(nodes, host, model, None, call, reference)
+        found["watched"] = watched(nodes, model, fix)
         options = model.model_options.get("transformer_options", {})
         found["untouched"] = (
             model.object_patches == {}

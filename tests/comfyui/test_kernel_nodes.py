@@ -85,6 +85,14 @@ def test_the_fix_node_switches_attention_on_a_clone_and_matches_fp32(driven):
     assert driven["untouched"]  # the MODEL passed in: no patch, no override, same weights
 
 
+def test_the_nan_watch_puts_a_connected_kernel_switch_on_and_the_run_is_finite(driven):
+    """NaN Watch with Check's kernel fix connected puts the whole fix on its clone, the
+    attention switch too, as HalfSafe Fix does: the broken kernel's run comes out finite and
+    the watch finds nothing (it had put nothing on, said the fix was on, and let the black
+    picture through)."""
+    assert driven["watched"] == {"sampled_finite": True, "findings": []}
+
+
 def test_the_store_keeps_the_switch_for_the_fix_node_and_the_desktop_reads_it(
     driven, checkpoint, work, monkeypatch
 ):
