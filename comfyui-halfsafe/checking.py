@@ -81,16 +81,38 @@ def _check(model, width: int, height: int, steps: int, seed: int, clip=None) -> 
     )
     if call.text == "zeros":
         said += " No CLIP connected: the text was zeros of the model's own text width."
-    if seen.finite:
-        peak = seen.probe.half_max_abs or seen.probe.max_abs
+    peak = seen.probe.half_max_abs or seen.probe.max_abs
+    reference = None
+    if seen.finite and peak >= FP16_MAX:
+        # Finite, but at fp16's largest value: the model's own code may have turned an
+        # overflow into +-65504 (ComfyUI's Flux blocks do, after a residual add no layer
+        # returns). Healthy only where the same call in fp32 agrees.
+        reference = reference_call(module, call.args, call.kwargs)
+        held = compare(seen.output, reference.output)
+        if held.passed:
+            return Outcome(
+                "healthy",
+                [
+                    said,
+                    "Healthy: every layer stayed finite; some reached fp16's largest value, "
+                    f"and the output agrees with fp32 ({held.words()}).",
+                ],
+            )
+    elif seen.finite:
         headroom = FP16_MAX / peak if peak else math.inf
         return Outcome(
             "healthy",
             [said, f"Healthy: every layer stayed finite (headroom {headroom:.3g}x fp16's range)."],
         )
     names = host.halfsafe_names(runs)
-    first = seen.first_bad_layer
+    first = seen.first_bad_layer or (_first_at_the_limit(seen.probe) if seen.finite else None)
     outcome = Outcome("broken", [said])
+    if seen.finite:
+        outcome.lines.append(
+            "Its output stayed finite but reached fp16's largest value (65504): the model's own "
+            "code held an overflow at fp16's range, so the picture comes out wrong rather "
+            "than black."
+        )
     if first:
         outcome.first_bad_layer = f"{host.PREFIX}.{first}"
         outcome.first_bad_halfsafe = host.halfsafe_name(names, module, first)
@@ -114,11 +136,11 @@ def _check(model, width: int, height: int, steps: int, seed: int, clip=None) -> 
             f"ComfyUI's attention runs {unswitchable}, which does not take ComfyUI's attention "
             "override: an attention kernel fault is not told apart from an overflow here."
         )
-    reference = reference_call(module, call.args, call.kwargs)
+    reference = reference or reference_call(module, call.args, call.kwargs)
     if not reference.finite:
         outcome.lines.append("Broken: even fp32 gives non-finite output; no precision fix.")
         return outcome
-    if _all_finite(seen.output):
+    if _all_finite(seen.output) and not seen.finite:
         masked = compare(seen.output, reference.output)
         outcome.lines.append(
             f"Its output stayed finite ({masked.words()}): the model's own code replaced the "
@@ -130,6 +152,15 @@ def _check(model, width: int, height: int, steps: int, seed: int, clip=None) -> 
     outcome.verdict, outcome.fix = "fixable", proof.fix
     outcome.lines += [f"Tried: {t}." for t in proof.tried] + [proof.fix["summary"]]
     return outcome
+
+
+def _first_at_the_limit(probe) -> str | None:
+    """The first layer, in the order the call finished them, whose fp16 output reached fp16's
+    largest value."""
+    from app.core.components import FP16_MAX
+
+    at = [m for m in probe.modules.values() if m.name and m.half_max_abs >= FP16_MAX]
+    return min(at, key=lambda m: m.order).name if at else None
 
 
 @dataclass

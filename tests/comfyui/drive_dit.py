@@ -89,6 +89,24 @@ def watched(nodes, host, model, fix) -> dict:
     return found
 
 
+def saturated(nodes, host, model) -> dict:
+    """Check a healthy Flux file whose first single block's residual add passes fp16's range
+    outside any layer (its second linear layer's output at 60000, finite, times a gate of
+    1.5), which ComfyUI's block code turns into 65504: no layer goes non-finite."""
+    import torch
+
+    block = host.diffusion_model(model).single_blocks[0]
+    hidden = block.linear2.out_features
+    with torch.no_grad():
+        block.linear2.weight.zero_()
+        block.linear2.bias.fill_(60000.0)
+        gate = block.modulation.lin
+        gate.weight[2 * hidden : 3 * hidden].zero_()
+        gate.bias[2 * hidden : 3 * hidden] = 1.5
+    text, _, fix = nodes["HalfSafeCheck"]().check(model, SIZE, SIZE, 4, 0)["result"]
+    return {"text": text, "fix": fix}
+
+
 def sampler_inputs(host, model):
     """Zeros for the text, as the check feeds it, and an empty latent: a KSampler's inputs."""
     import torch
@@ -114,6 +132,7 @@ def main() -> None:
     found = {"model": type(model.model).__name__, **planted_model(nodes, host, model)}
     if watch:
         found["watch"] = watched(nodes, host, model, found["check"]["fix"])
+        found["saturated"] = saturated(nodes, host, comfy.sd.load_diffusion_model(str(healthy)))
     sound = comfy.sd.load_diffusion_model(str(healthy))
     text, _, fix = nodes["HalfSafeCheck"]().check(sound, SIZE, SIZE, 4, 0)["result"]
     found["healthy"] = {"text": text, "fix": fix}

@@ -113,3 +113,20 @@ def test_nan_watch_samples_a_failed_run_again_with_a_proved_fix(driven):
     assert finding["repaired"] and finding["repair"].startswith("Repaired: sampled again")
     assert repaired["repaired_finite"] and repaired["repaired_db"] >= 20
     assert repaired["untouched"]
+
+
+@pytest.mark.parametrize("driven", ["flux"], indirect=True)
+def test_an_overflow_the_blocks_code_holds_at_65504_is_no_healthy_verdict(driven):
+    """A residual add past fp16's range, outside any layer, which ComfyUI's Flux block turns
+    into 65504: every layer is finite, but the output at fp16's largest value is judged against
+    fp32, which it does not match, and a fix is proved: no layer's output overflows in fp32
+    either (the add does), so no layer kept wider holds it, and the whole diffusion model runs
+    in fp32 (it was "Healthy: every layer stayed finite (headroom 1x)")."""
+    _, found = driven
+    saturated = found["saturated"]
+    assert "Healthy" not in saturated["text"]
+    assert "reached fp16's largest value (65504)" in saturated["text"]
+    assert "First bad layer: diffusion_model.single_blocks.0" in saturated["text"]
+    fix = saturated["fix"]
+    assert fix is not None and fix["component"] == "fp32", saturated["text"]
+    assert "Overall: fixable" in saturated["text"]
