@@ -40,6 +40,15 @@ def worst(verdicts) -> str | None:
     return max(found, key=VERDICTS.index) if found else None
 
 
+def overall(verdicts: dict[str, str | None]) -> str | None:
+    """The check's verdict over its parts: the worst of theirs, but never "healthy" where a
+    part connected could not be checked ("incomplete": nothing says it is sound)."""
+    found = worst(verdicts.values())
+    if found == "healthy" and any(v is None for v in verdicts.values()):
+        return "incomplete"
+    return found
+
+
 def _dtype_name(dtype) -> str:
     return host._name(dtype)
 
@@ -510,7 +519,7 @@ def check_parts(model, outcome, size: tuple, clip, vae, one_sentence) -> Checked
             text_encoder_fix = found.fix
     missing = [name for name, given in (("VAE", vae), ("CLIP", clip)) if given is None]
     lines.append(summary_line(verdicts, missing))
-    return Checked("\n".join(lines), worst(verdicts.values()), vae_fix, text_encoder_fix)
+    return Checked("\n".join(lines), overall(verdicts), vae_fix, text_encoder_fix)
 
 
 def summary_line(verdicts: dict[str, str | None], not_connected: list[str]) -> str:
@@ -519,5 +528,5 @@ def summary_line(verdicts: dict[str, str | None], not_connected: list[str]) -> s
     line = f"Checked: {checked}."
     if not_connected:
         line += f" Not connected: {' and '.join(not_connected)}."
-    overall = worst(verdicts.values())
-    return line + (f" Overall: {overall}." if overall else "")
+    verdict = overall(verdicts)
+    return line + (f" Overall: {verdict}." if verdict else "")

@@ -6,15 +6,9 @@ share of the entry the desktop stored for the same file (nothing already saved i
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
-from pathlib import Path
-
 from app.core.fixing import profiles
 from app.core.fixing.file_fixes import text_encoder_settings
-
-PACKAGE = Path(__file__).resolve().parents[2] / "comfyui-halfsafe"
+from tests.support.node_package import node_module
 
 DESKTOP_FIX = {
     "text_encoder_2_precision": "bf16",
@@ -37,21 +31,8 @@ def test_the_share_holds_the_encoders_settings_switches_and_layers():
     assert text_encoder_settings(upsampler, upsampler=False) == {}
 
 
-def _node_store():
-    """The nodes' store module, imported as ComfyUI imports the package's modules, without
-    ComfyUI (its imports of ComfyUI are inside the functions that run in it)."""
-    name = "halfsafe_nodes_under_test"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, PACKAGE / "__init__.py", submodule_search_locations=[str(PACKAGE)]
-        )
-        assert spec is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)  # its __init__ not run
-    return importlib.import_module(f"{name}.store")
-
-
 def test_a_fix_the_node_proves_keeps_the_desktops_text_encoder_share():
-    store = _node_store()
+    store = node_module("store")
     key, device = "file:sd35-checkpoint", "NVIDIA GeForce RTX 2060"
     profiles.remember_fix(key, device, DESKTOP_FIX, "the desktop's fix", "health check")
     node_fix = {
@@ -74,7 +55,7 @@ def test_a_fix_the_node_proves_keeps_the_desktops_text_encoder_share():
 def _stored_after_the_node(key: str, desktop: dict, parts: tuple[str, ...], node: dict, proved):
     """The entry stored for `key` after the desktop stored `desktop` (for its `parts`) and the
     node then proved `node` for the parts `proved`."""
-    store = _node_store()
+    store = node_module("store")
     device = "NVIDIA GeForce RTX 3060"
     profiles.remember_fix(key, device, desktop, "the desktop's fix", "health check", parts=parts)
     entry = {"settings": node, "summaries": ["the node's fix"], "made_at": {}, "parts": proved}
