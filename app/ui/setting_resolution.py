@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.core.components import COMPONENTS
 from app.core.precision import CUDA_ONLY_BACKENDS
+from app.core.precision.resolve import left_as_it_comes
 from app.core.settings import FIELDS
 from app.ui import words
 
@@ -38,7 +39,7 @@ def resolution_text(state: AppState, key: str) -> str:
     model = state.model
     fix = model.remembered_fix if model is not None else None
     remembered = fix.settings if fix is not None else {}
-    if value in ("auto", False, []) and key in remembered and remembered[key] != value:
+    if left_as_it_comes(key, value) and key in remembered and remembered[key] != value:
         # Jobs fill fields left on Auto (off, empty) from the loaded model's remembered fix.
         return (
             f"For {model.name if model else 'the loaded model'}, jobs use its remembered fix: "

@@ -224,3 +224,23 @@ def test_a_choice_honoured_though_not_recommended_is_said_once_for_all_its_parts
     assert one.warnings == (
         "The UNet runs in fp16 as you asked; on a CPU fp16 is slow and fp32 is the usual choice.",
     )
+
+
+def test_a_remembered_switch_off_runs_where_the_user_left_it_as_it_comes():
+    """A fix that turns CUDA's reduced-precision sums off (on by default) is used where the
+    user left those switches as they come (at their default), as one that turns a switch on
+    is where it is off; a value other than the default is the user's own. It never ran
+    before: a remembered value filled only fields on auto, off or empty."""
+    from app.core.precision.resolve import left_as_it_comes
+
+    off = {
+        "fp16_reduced_precision_reduction": False,
+        "attention_reduced_precision": False,
+        "fp16_accumulation": False,
+    }
+    used = plan(PrecisionSettings(precision="fp16"), remembered=off)
+    assert used.fp16_reduced_precision_reduction is False
+    assert "fp16_reduced_precision_reduction" in used.remembered_used
+    assert left_as_it_comes("fp16_reduced_precision_reduction", True)  # its default
+    assert left_as_it_comes("upcast_attention", False) and left_as_it_comes("vae_precision", "auto")
+    assert not left_as_it_comes("vae_precision", "bf16")

@@ -88,7 +88,7 @@ def resolve_plan(
     chosen = dict(user)
     from_memory: set[str] = set()
     for key, value in (remembered or {}).items():
-        if key in chosen and key != "device" and chosen[key] in ("auto", False, []):
+        if key in chosen and key != "device" and left_as_it_comes(key, chosen[key]):
             chosen[key] = value
             from_memory.add(key)
     reasons: dict[str, str] = {}
@@ -358,6 +358,16 @@ def _runs_tf32(kind: str, device_info: Any | None) -> bool:
     if kind != "cuda":
         return False
     return bool(getattr(device_info, "tf32", True))
+
+
+def left_as_it_comes(key: str, value: Any) -> bool:
+    """Whether the user left the setting `key` as it comes (`value`: auto, off, empty, or its
+    default), so that a remembered fix may set it: a fix that turns CUDA's reduced-precision
+    sums off (on by default) runs, as one that turns attention upcast on (off by default) does."""
+    from app.core.settings import FIELDS
+
+    field = FIELDS.get(key)
+    return value in ("auto", False, []) or (field is not None and value == field.default)
 
 
 def _held(remembered: Mapping[str, Any] | None, user: Mapping[str, Any]) -> tuple[str, ...]:
