@@ -56,3 +56,33 @@ def test_a_fix_kept_for_the_transformer_file_alone_is_the_models_where_it_has_no
     # The model's own fix, once it has one, comes first.
     profiles.remember_fix(model.profile_key, DEVICE, {"no_half_vae": True}, "Own.", "health check")
     assert profiles.lookup(model.profile_key, DEVICE).fix.settings == {"no_half_vae": True}
+
+
+def test_forgetting_or_editing_a_models_fix_reaches_its_files_shares(tmp_path):
+    """Forget on the Fixes page drops the model's fix and the shares kept under its files'
+    keys (before, the model took the shares back as its fix at the next job, though the page
+    showed none); an edit rewrites each share from the edited fix. A fix a host stored for a
+    file alone is its own: forgetting the model leaves it."""
+    written = save_split_files(build_tiny_flux_pipeline(), tmp_path / "models")
+    model = models.load_model(str(written["transformer"]))
+    alone, vae_alone = file_key(written["transformer"]), file_key(written["vae"])
+    parts = ("transformer", "vae")
+    profiles.remember_fix(
+        model.profile_key, DEVICE, TRANSFORMER_FIX, "A fix.", "health check", parts=parts
+    )
+    (stored,) = [s for s in profiles.stored_fixes().fixes if s.profile_key == model.profile_key]
+
+    edited = {"fp32_modules": ["transformer:transformer_blocks.0.attn.to_q"]}
+    profiles.change_fix(stored, edited, "Edited.")
+    assert profiles.remembered_fix(alone, DEVICE).settings == edited
+    assert profiles.remembered_fix(vae_alone, DEVICE) is None  # the VAE's share edited out
+
+    profiles.forget_fix(model.profile_key, DEVICE, stored.torch_version)
+    assert profiles.remembered_fix(alone, DEVICE) is None
+    assert profiles.lookup(model.profile_key, DEVICE).fix is None
+
+    host_fix = {"unet_precision": "fp32"}  # HalfSafe Check's, for the file alone
+    profiles.remember_fix(alone, DEVICE, host_fix, "Fp32.", "health check")
+    profiles.remember_fix(model.profile_key, DEVICE, {"no_half_vae": True}, "Own.", "health check")
+    profiles.forget_fix(model.profile_key, DEVICE, stored.torch_version)
+    assert profiles.remembered_fix(alone, DEVICE).settings == host_fix

@@ -179,6 +179,7 @@ def remember_fix(
         for component, file_key in file_fixes.linked(profile_key).items():
             share = file_fixes.part_fix(fix, component)
             if share is not None:
+                share = replace(share, share_of=profile_key)
                 entries[_key(file_key, device_name, torch_version)] = _entry(share)
 
     try:
@@ -228,7 +229,26 @@ def forget_fix(profile_key: str, device_name: str, torch_version: str | None = N
     """Drop the fix stored for this model on this device and torch, if any. Raises OSError when
     the file cannot be written (nothing saved is touched then)."""
     key = _key(profile_key, device_name, torch_version or _torch_version())
-    _change(lambda entries: entries.pop(key, None))
+
+    def forget(entries: dict[str, dict[str, Any]]) -> None:
+        entries.pop(key, None)
+        for name in _shares_of(entries, key):  # its parts' shares under their files' keys
+            entries.pop(name)
+
+    _change(forget)
+
+
+def _shares_of(entries: Mapping[str, Any], key: str) -> list[str]:
+    """The names of the entries that are a part's share of the fix stored as `key` (for the
+    same device and torch), kept under the part's own file's key."""
+    model, device, torch_version = _parts(key)
+    return [
+        name
+        for name, entry in entries.items()
+        if isinstance(entry, dict)
+        and entry.get("share_of") == model
+        and _parts(name)[1:] == (device, torch_version)
+    ]
 
 
 def stored_fixes() -> StoredFixes:
@@ -260,6 +280,14 @@ def change_fix(stored: StoredFix, settings: dict[str, Any], summary: str) -> Rem
         if key in entries:
             entries[key] = {**entries[key], **_entry(fix)}
             changed.append(key)
+            for name in _shares_of(entries, key):  # each part's share follows the edit
+                held = _fix_from(entries[name]) if not _entry_problem(name, entries[name]) else None
+                part = held.parts[0] if held is not None and held.parts else None
+                share = file_fixes.part_fix(fix, part) if part is not None else None
+                if share is None:
+                    entries.pop(name)
+                else:
+                    entries[name] = _entry(replace(share, share_of=stored.profile_key))
 
     _change(edit)
     if not changed:
@@ -279,6 +307,8 @@ def _entry(fix: RememberedFix) -> dict[str, Any]:
         entry["parts"] = list(fix.parts)
     else:
         del entry["parts"]
+    if fix.share_of is None:
+        del entry["share_of"]
     return entry
 
 
@@ -513,6 +543,9 @@ def _entry_problem(key: str, entry: Any) -> str | None:
         or not all(isinstance(p, str) and len(p) <= 100 for p in parts)
     ):
         return f"'parts' is {shown(parts)}, not a list of a model's components"
+    share_of = entry.get("share_of")
+    if share_of is not None and (not isinstance(share_of, str) or len(share_of) > 1000):
+        return f"'share_of' is {shown(share_of)}, not a model's key"
     for name, value in (*settings.items(), *made_at.items()):
         if name not in FIELDS:
             continue  # a setting of a newer HalfSafe: the entry is kept for it, not used here
@@ -550,6 +583,7 @@ def _fix_from(entry: dict[str, Any]) -> RememberedFix | None:
         },
         # a component of a newer HalfSafe is left out: the words fall back for it
         tuple(p for p in entry.get("parts", []) if p in PIPELINE_PARTS),
+        entry.get("share_of"),
     )
 
 

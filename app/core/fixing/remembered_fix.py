@@ -44,6 +44,10 @@ class RememberedFix:
     # kinds of component share ('unet_precision') is said of the part the model has (a Flux
     # model's transformer, not a UNet). Empty in a fix saved before they were kept.
     parts: tuple[str, ...] = ()
+    # A part's share of a model's fix kept under its own file's key (`file_fixes`): the key of
+    # the model whose fix it is a share of, so that forgetting or editing that fix reaches it.
+    # None for a fix of its own (a check of the file alone, a host's).
+    share_of: str | None = None
 
     def proved_at(self) -> dict[str, Any]:
         """The settings the fix is for: `made_at`, or fp16 where it was not kept."""
