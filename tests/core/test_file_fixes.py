@@ -86,3 +86,26 @@ def test_forgetting_or_editing_a_models_fix_reaches_its_files_shares(tmp_path):
     profiles.remember_fix(model.profile_key, DEVICE, {"no_half_vae": True}, "Own.", "health check")
     profiles.forget_fix(model.profile_key, DEVICE, stored.torch_version)
     assert profiles.remembered_fix(alone, DEVICE).settings == host_fix
+
+
+def test_a_hosts_fix_for_a_file_fills_the_part_the_models_own_fix_lacks(tmp_path):
+    """A model whose own fix was proved on its transformer alone still takes the VAE fix a
+    host proved for its VAE's file (ComfyUI's VAE loader names that file alone); a part its
+    own fix was proved on stays its own (before, any fix of its own hid every file's)."""
+    written = save_split_files(build_tiny_flux_pipeline(), tmp_path / "models")
+    model = models.load_model(str(written["transformer"]))
+    own = {"unet_precision": "bf16"}
+    profiles.remember_fix(
+        model.profile_key, DEVICE, own, "Own.", "health check", parts=("transformer",)
+    )
+    vae_fix = {"no_half_vae": True, "fp32_modules": ["vae:decoder.conv_out"]}
+    profiles.remember_fix(file_key(written["vae"]), DEVICE, vae_fix, "The VAE.", "health check")
+    host_transformer = {"unet_precision": "fp32"}
+    profiles.remember_fix(
+        file_key(written["transformer"]), DEVICE, host_transformer, "Fp32.", "health check"
+    )
+
+    found = profiles.lookup(model.profile_key, DEVICE).fix
+    assert found is not None
+    assert found.settings == {**own, **vae_fix}  # the transformer's own share stays its own
+    assert found.summary == "Own. The VAE." and set(found.parts) == {"transformer", "vae"}

@@ -166,6 +166,31 @@ def part_fix(fix: RememberedFix, component: str) -> RememberedFix | None:
     return replace(fix, settings=share, parts=(component,))
 
 
+def beside(own: RememberedFix, parts: Mapping[str, RememberedFix]) -> RememberedFix:
+    """A model's own fix with the shares its files keep (component -> the fix stored under its
+    file's key) for the components it was not proved on (a check of the whole model proves
+    every part, and one it found sound needs nothing); `own` where there are none, and for a
+    fix that does not say which parts it was proved on."""
+    extra = {
+        c: f for c, f in parts.items() if own.parts and c not in own.parts and not part_fix(own, c)
+    }
+    more = joined(extra)
+    if more is None:
+        return own
+    settings: dict[str, Any] = dict(own.settings)
+    for name, value in more.settings.items():
+        if name in _MODULE_LISTS and isinstance(value, list):
+            settings[name] = list(dict.fromkeys([*(settings.get(name) or []), *value]))
+        else:
+            settings.setdefault(name, value)
+    return replace(
+        own,
+        settings=settings,
+        summary=" ".join(dict.fromkeys([own.summary, more.summary])),
+        parts=tuple(dict.fromkeys([*own.parts, *more.parts])),
+    )
+
+
 def joined(parts: Mapping[str, RememberedFix]) -> RememberedFix | None:
     """One fix of the shares the files of a model's components keep (component -> the fix
     stored under its file's key), each cut to that component's share; None where none has one.

@@ -117,12 +117,16 @@ def lookup(profile_key: str, device_name: str, torch_version: str | None = None)
     contents, note = _read_repairing(_path())
     torch_version = torch_version or _torch_version()
     fix = contents.fixes.get(_key(profile_key, device_name, torch_version))
-    if fix is None:  # the shares its own files keep, where it was loaded from several
-        parts = {
-            component: contents.fixes.get(_key(file_key, device_name, torch_version))
-            for component, file_key in file_fixes.linked(profile_key).items()
-        }
-        fix = file_fixes.joined({c: f for c, f in parts.items() if f is not None})
+    # The shares its own files keep, where it was loaded from several: the whole fix where it
+    # has none of its own, else for the parts its own was not proved on (`file_fixes.beside`).
+    # A share of this model's own fix is in it already.
+    parts = {
+        component: found
+        for component, file_key in file_fixes.linked(profile_key).items()
+        if (found := contents.fixes.get(_key(file_key, device_name, torch_version))) is not None
+        and found.share_of != profile_key
+    }
+    fix = file_fixes.joined(parts) if fix is None else file_fixes.beside(fix, parts)
     return Lookup(fix, [note] if note else [])
 
 
