@@ -151,6 +151,33 @@ def test_vae_overflow_is_repaired_from_the_same_latents(base, tmp_path, device_n
     assert any("remembered" in warning for warning in again.warnings)
 
 
+def test_a_fix_stored_while_the_job_ran_is_not_replaced_by_its_repair(base, tmp_path, device_name):
+    """A check (here, or in ComfyUI on the same file) stores a fix while a generation runs: the
+    generation's repair, proved on the fix it started with, does not replace it at the end (it
+    wrote its own over it, a check's proof replaced by a weaker one)."""
+    model = variant(base, "vae-race", vae=scaled(base.vae, VAE_LAYER, 1e6))
+    checked = {"vae_precision": "fp32"}
+    stored: list[bool] = []
+
+    def meanwhile(*_) -> None:
+        if not stored:
+            stored.append(True)
+            profiles.remember_fix("vae-race", device_name, checked, "A check's.", "health check")
+
+    result = generate(
+        model,
+        request(tmp_path),
+        precision=fp16(auto_fix="auto"),
+        device="cpu",
+        on_progress=meanwhile,
+    )
+    assert [entry.status for entry in result.images] == ["fixed"]
+    remembered = profiles.remembered_fix("vae-race", device_name)
+    assert remembered is not None and remembered.settings == checked
+    assert remembered.verified_by == "health check"
+    assert any("while this job ran" in warning for warning in result.warnings)
+
+
 def test_ask_offers_a_fix_that_passed_a_quick_test_and_keeps_the_image(base, tmp_path):
     model = variant(base, "vae-ask", vae=scaled(base.vae, VAE_LAYER, 1e6))
     result = generate(model, request(tmp_path), precision=fp16(auto_fix="ask"), device="cpu")

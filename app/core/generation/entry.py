@@ -138,6 +138,7 @@ def generate(
     from app.core.fixing import profiles
 
     started = time.perf_counter()
+    began = time.time()  # as a stored fix's time is written
     progress = on_progress or no_progress
     precision, job_fix = with_job_fix(precision, fix)
     result, learned = _generate_unsaved(
@@ -155,6 +156,14 @@ def generate(
             model, result, precision, device, progress, cancel or CancelToken(), learned
         )
     previous = profiles.remembered_fix(model.profile_key, result.device.name)
+    if learned is not None and previous is not None and previous.saved_at > began:
+        # A fix was stored while this job ran (a check here, or in ComfyUI on the same file):
+        # it stands; this job's repair, proved on the fix it started with, does not replace it.
+        result.warnings.append(
+            "A fix was remembered for this model while this job ran; it is kept, and this "
+            "job's repair is not remembered over it."
+        )
+        learned = None
     if learned is not None and previous is not None:
         was = fix_words(previous.settings, previous.parts or model.components)
         now = fix_words(learned.settings, model.components)
