@@ -315,12 +315,40 @@ def apply_islands(model, islands: dict[str, str]) -> None:
     module = diffusion_model(model)
     for path, dtype in islands.items():
         try:
-            layer = module.get_submodule(path)
+            layer = _as_loaded(model, module, path)
         except AttributeError as error:
             raise NodeProblem(f"The model has no layer {PREFIX}.{path} to keep wider.") from error
         wide = torch.float32 if dtype == "fp32" else torch.bfloat16
         island = island_copy(layer, wide, rebuild=_named(dequantized_layer, path))
+        _unpatched(model, path, island)
         model.add_object_patch(f"{PREFIX}.{path}", island)
+
+
+def _as_loaded(model, module, path: str):
+    """The layer at `path` as the file loaded it: the original where an earlier job's object
+    patch (another fix's copy of it) sits in the shared model now."""
+    kept = getattr(model, "object_patches_backup", None) or {}
+    return kept.get(f"{PREFIX}.{path}") or module.get_submodule(path)
+
+
+def _unpatched(model, path: str, island) -> None:
+    """`island`'s weights as the file holds them, and ready to take this model's own patches
+    (its LoRAs) when ComfyUI loads it. The model ComfyUI's clones share may still hold an
+    earlier job's patches, merged into its weights in place (their originals in the clones'
+    shared `backup`), and the copy would keep them, marked patched, so that this model's own
+    were never put on: a LoRA changed or removed since stayed in the layers kept wider."""
+    import torch
+
+    backup = getattr(model, "backup", None) or {}
+    with torch.no_grad():
+        for name, param in island.named_parameters():
+            held = backup.get(f"{PREFIX}.{path}.{name}")
+            weight = getattr(held, "weight", None)
+            if weight is not None and weight.shape == param.shape:
+                param.data = weight.to(device=param.device, dtype=param.dtype)
+    for part in island.modules():
+        if hasattr(part, "comfy_patched_weights"):
+            del part.comfy_patched_weights
 
 
 def _named(rebuild, path: str):

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.comfyui_checkpoints import tiny_sd1_checkpoint
-from tests.support.comfyui_env import COMFYUI, NEEDS_COMFYUI, PACKAGE, PYTHON
+from tests.support.comfyui_env import COMFYUI, NEEDS_COMFYUI, PACKAGE, PYTHON, run_driver
 
 ROOT = Path(__file__).resolve().parents[2]
 ATTENTION = "diffusion_model.input_blocks.1.1.transformer_blocks.0.attn1"
@@ -122,3 +122,19 @@ def test_a_real_overflow_on_a_working_kernel_keeps_its_island_fix(driven):
     assert "kernel" not in text.lower()
     assert fix["islands"] == {ATTENTION.removeprefix("diffusion_model."): "fp32"}
     assert not fix.get("attention") and fix["component"] is None
+
+
+def test_a_layer_kept_wider_takes_each_jobs_own_lora_not_an_earlier_ones(tmp_path):
+    """HalfSafe Fix copies the layers it keeps wider from the model ComfyUI's clones share,
+    which the standard patcher leaves holding the last job's LoRA merged in: each copy is made
+    from the weights as loaded and takes its own job's LoRA (before, a LoRA changed or removed
+    since stayed in those layers: 1.0 in every job)."""
+    found = run_driver("drive_island_lora.py", [], tmp_path)
+    assert found == {
+        "fix, LoRA 1.0": 1.0,
+        "fix, LoRA 0.5": 0.5,
+        "fix, no LoRA": 0.0,
+        "no fix, LoRA 1.0": 1.0,
+        "fix again, no LoRA": 0.0,
+        "plain after": 0.0,
+    }
