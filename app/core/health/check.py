@@ -596,7 +596,7 @@ class _Check:
             if self.measure_cost:
                 self.measure_fix_cost(fix)
             if remember and fix.verified:
-                self.remember_fix(fix)
+                _remember(self.model, self.start, fix, self.notes)
             return fix, {}
         return None, predicted_islands(self.reports, self.first_probes, self.runner.placed)
 
@@ -622,21 +622,23 @@ class _Check:
             fix.baselines[name] = baselines
         self.notes.extend(timed_faster_notes(fix.candidates))
 
-    def remember_fix(self, fix: Fix) -> None:
-        """Store the fix in the model's remembered profile for this device."""
-        from app.core.fixing import profiles
 
-        ran = job_plans.remembered_ran(self.plan, self.start.remembered)
-        profiles.remember_fix(
-            self.model.profile_key,
-            self.start.info.name,
-            job_plans.proved_with(ran, self.search.settings, self.search.plan),
-            fix.summary,
-            "health check",
-            made_at=self.plan.dtype_settings(),
-            parts=self.model.components,
-            warn=self.notes.append,
-        )
+def _remember(model, start: _Start, fix: Fix, notes: list[str]) -> None:
+    """Store the check's fix in the model's remembered profile for this device, with what of
+    the fix remembered before the check ran with (`job_plans.proved_with`)."""
+    from app.core.fixing import profiles
+
+    ran = job_plans.remembered_ran(start.plan, start.remembered)
+    profiles.remember_fix(
+        model.profile_key,
+        start.info.name,
+        job_plans.proved_with(ran, fix.settings, fix.plan),
+        fix.summary,
+        "health check",
+        made_at=start.plan.dtype_settings(),
+        parts=model.components,
+        warn=notes.append,
+    )
 
 
 def _why_broken(start: _Start, broken: set[str | None], unfixed: list[str]) -> list[str]:
