@@ -328,7 +328,8 @@ def _as_loaded(model, module, path: str):
     """The layer at `path` as the file loaded it: the original where an earlier job's object
     patch (another fix's copy of it) sits in the shared model now."""
     kept = getattr(model, "object_patches_backup", None) or {}
-    return kept.get(f"{PREFIX}.{path}") or module.get_submodule(path)
+    original = kept.get(f"{PREFIX}.{path}")  # a container layer with no children is falsy
+    return original if original is not None else module.get_submodule(path)
 
 
 def _unpatched(model, path: str, island) -> None:
