@@ -631,33 +631,45 @@ def _kept_parts(kept: dict, proved: list[str], held: tuple[str, ...]) -> list[st
 
 def _store(key: str, device: str, entry: dict, notes: list[str]) -> None:
     """Write `entry` under this file and device, keeping what was stored there beside the parts
-    it proves (`file_fixes.kept_beside`)."""
+    it proves (`file_fixes.kept_beside`), read under the lock the write takes."""
+    from dataclasses import replace
+
     from app.core.fixing import file_fixes, profiles
     from app.core.precision.words import fix_words
 
-    settings, summaries = dict(entry["settings"]), list(entry["summaries"])
-    made_at, parts = dict(entry["made_at"]), list(entry["parts"])
-    held = profiles.lookup(key, device).fix
-    if held is not None:
+    proved = list(entry["parts"])
+
+    def beside(held, fix):
+        if held is None:
+            return fix
         # Every share of the stored entry but those of the parts proved now (the new fix's own
         # values win where both set one): nothing already saved is lost.
-        kept = file_fixes.kept_beside(held.settings, parts, held.parts)
-        kept = {k: v for k, v in kept.items() if k in MODULE_LISTS or k not in settings}
-        if kept:
-            _join(settings, kept)
-            # Said from the share itself: the held summary also speaks of the parts replaced.
-            summaries.append(f"Kept from the fix remembered before: {fix_words(kept)}.")
-            made_at = {**held.made_at, **made_at}
-            parts += _kept_parts(kept, parts, held.parts)
+        kept = file_fixes.kept_beside(held.settings, proved, held.parts)
+        kept = {k: v for k, v in kept.items() if k in MODULE_LISTS or k not in fix.settings}
+        if not kept:
+            return fix
+        settings = dict(fix.settings)
+        _join(settings, kept)
+        # Said from the share itself: the held summary also speaks of the parts replaced.
+        summary = f"{fix.summary} Kept from the fix remembered before: {fix_words(kept)}."
+        return replace(
+            fix,
+            settings=settings,
+            summary=summary,
+            made_at={**held.made_at, **fix.made_at},
+            parts=(*fix.parts, *_kept_parts(kept, proved, held.parts)),
+        )
+
     profiles.remember_fix(
         key,
         device,
-        settings,
-        " ".join(dict.fromkeys(summaries)),
+        dict(entry["settings"]),
+        " ".join(dict.fromkeys(entry["summaries"])),
         "health check",
-        made_at=made_at,
-        parts=tuple(parts),
+        made_at=dict(entry["made_at"]),
+        parts=tuple(proved),
         warn=notes.append,
+        beside=beside,
     )
 
 

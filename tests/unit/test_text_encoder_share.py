@@ -6,6 +6,8 @@ share of the entry the desktop stored for the same file (nothing already saved i
 
 from __future__ import annotations
 
+import pytest
+
 from app.core.fixing import profiles
 from app.core.fixing.file_fixes import text_encoder_settings
 from tests.support.node_package import node_module
@@ -131,3 +133,41 @@ def test_each_role_is_one_part_and_the_entrys_own_name_comes_first():
     stored = _stored_after_the_node("file:flux", desktop, parts, {"vae_precision": "fp32"}, ["vae"])
     assert stored.settings == {**desktop, "vae_precision": "fp32"}
     assert stored.parts == ("vae", "text_encoder", "transformer")
+
+
+def test_the_node_reads_the_held_fix_under_the_lock_its_write_takes(monkeypatch):
+    """What is held for the file is read inside the lock the write takes (another process
+    that tries to write then waits), so a fix stored between a read and the write is never
+    lost; the fix stored is the same as before."""
+    from app.core import files
+    from app.core.fixing import file_fixes
+
+    real = file_fixes.kept_beside
+    read_locked: list[bool] = []
+
+    def kept_beside(*args):
+        try:
+            with files.locked(profiles._path(), timeout=0.05):
+                read_locked.append(False)
+        except TimeoutError:
+            read_locked.append(True)
+        return real(*args)
+
+    monkeypatch.setattr(file_fixes, "kept_beside", kept_beside)
+    node = {"fp32_modules": ["unet:mid_block.attentions.0"]}
+    stored = _stored_after_the_node("file:sd15", {"vae_precision": "fp32"}, SD, node, ["unet"])
+    assert read_locked == [True]
+    assert stored.settings == {
+        "fp32_modules": ["unet:mid_block.attentions.0"],
+        "vae_precision": "fp32",
+    }
+    assert stored.parts == ("unet", "vae")
+    with pytest.raises(ValueError):  # a fix made under the lock is validated as any other
+        profiles.remember_fix(
+            "file:sd15",
+            "NVIDIA GeForce RTX 3060",
+            {},
+            "a fix",
+            "health check",
+            beside=lambda held, fix: type(fix)({"vae_precision": "fp64"}, "", "health check", 0.0),
+        )

@@ -116,18 +116,29 @@ def lookup(profile_key: str, device_name: str, torch_version: str | None = None)
     """
     contents, note = _read_repairing(_path())
     torch_version = torch_version or _torch_version()
-    fix = contents.fixes.get(_key(profile_key, device_name, torch_version))
+    fix = _found(contents.fixes.get, profile_key, device_name, torch_version)
+    return Lookup(fix, [note] if note else [])
+
+
+def _found(
+    fix_of: Callable[[str], RememberedFix | None],
+    profile_key: str,
+    device_name: str,
+    torch_version: str,
+) -> RememberedFix | None:
+    """The fix stored for this model on this device and torch, the stored fixes read by their
+    keys through `fix_of`."""
+    fix = fix_of(_key(profile_key, device_name, torch_version))
     # The shares its own files keep, where it was loaded from several: the whole fix where it
     # has none of its own, else for the parts its own was not proved on (`file_fixes.beside`).
     # A share of this model's own fix is in it already.
     parts = {
         component: found
         for component, file_key in file_fixes.linked(profile_key).items()
-        if (found := contents.fixes.get(_key(file_key, device_name, torch_version))) is not None
+        if (found := fix_of(_key(file_key, device_name, torch_version))) is not None
         and found.share_of != profile_key
     }
-    fix = file_fixes.joined(parts) if fix is None else file_fixes.beside(fix, parts)
-    return Lookup(fix, [note] if note else [])
+    return file_fixes.joined(parts) if fix is None else file_fixes.beside(fix, parts)
 
 
 def remembered_fix(
@@ -148,10 +159,15 @@ def remember_fix(
     made_at: Mapping[str, Any] | None = None,
     parts: Collection[str] = (),
     warn: Callable[[str], None] | None = None,
+    beside: Callable[[RememberedFix | None, RememberedFix], RememberedFix] | None = None,
 ) -> RememberedFix:
     """Store a verified fix: atomic write under the profiles lock; other models' entries are
     kept, and a damaged file is kept aside once the readable entries and this one are written
     in its place. Returns the fix.
+
+    `beside(held, fix)`, where given, makes the fix stored from the one held for this model then
+    (as `lookup` finds it, None for none) and this one, read under the same lock as the write:
+    a fix another process stored meanwhile is not lost between a read and the write.
 
     Never raises for the disk: when the file cannot be written (full, read-only, locked by
     another program for LOCK_TIMEOUT_S) nothing saved is touched, and one sentence naming the
@@ -176,6 +192,15 @@ def remember_fix(
     key = _key(profile_key, device_name, torch_version)
 
     def store(entries: dict[str, dict[str, Any]]) -> None:
+        nonlocal fix
+        if beside is not None:
+            held = _found(
+                lambda k: _readable(entries.get(k)), profile_key, device_name, torch_version
+            )
+            fix = beside(held, fix)
+            for name, value in {**fix.settings, **fix.made_at}.items():
+                FIELDS[name].validate(value)
+            fix = replace(fix, parts=tuple(p for p in fix.parts if p in PIPELINE_PARTS))
         if verified_by != "health check" and _proved_by_check(entries.get(key), fix):
             return  # the same fix, proved against fp32 by the check: that proof stays
         entries[key] = _entry(fix)
@@ -565,6 +590,15 @@ def _is_time(value: Any) -> bool:
     return (
         isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= LATEST_TIME
     )
+
+
+def _readable(entry: Any) -> RememberedFix | None:
+    """The fix in an entry of the file as read under the lock (None: none, or not one this
+    version reads)."""
+    try:
+        return _fix_from(entry) if isinstance(entry, dict) else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _fix_from(entry: dict[str, Any]) -> RememberedFix | None:
