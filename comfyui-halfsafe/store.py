@@ -596,16 +596,12 @@ def _empty_entry() -> dict:
 
 
 def _add(entry: dict, settings: dict, summary: str, made_at: dict, component: str) -> None:
-    _join(entry["settings"], settings)
+    from app.core.fixing.file_fixes import join
+
+    join(entry["settings"], settings)
     entry["summaries"].append(summary)
     entry["made_at"].update(made_at)
     entry["parts"].append(component)
-
-
-def _join(settings: dict, more: dict) -> None:
-    """Add `more` (another part's settings) to `settings`, the layer lists joined."""
-    for name, value in more.items():
-        settings[name] = [*settings.get(name, []), *value] if name in MODULE_LISTS else value
 
 
 def _kept_parts(kept: dict, proved: list[str], held: tuple[str, ...]) -> list[str]:
@@ -649,7 +645,7 @@ def _store(key: str, device: str, entry: dict, notes: list[str]) -> None:
         if not kept:
             return fix
         settings = dict(fix.settings)
-        _join(settings, kept)
+        file_fixes.join(settings, kept)
         # Said from the share itself: the held summary also speaks of the parts replaced.
         summary = f"{fix.summary} Kept from the fix remembered before: {fix_words(kept)}."
         return replace(

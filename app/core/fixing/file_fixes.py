@@ -158,6 +158,19 @@ def kept_beside(
     return kept
 
 
+def join(settings: dict[str, Any], more: Mapping[str, Any], first_wins: bool = False) -> None:
+    """Add `more` (another part's settings) to `settings`: each layer list holds both lists'
+    layers once, in order; any other setting set in both takes `more`'s value, or keeps
+    `settings`' own where `first_wins`."""
+    for name, value in more.items():
+        if name in _MODULE_LISTS and isinstance(value, list):
+            settings[name] = list(dict.fromkeys([*(settings.get(name) or []), *value]))
+        elif first_wins:
+            settings.setdefault(name, value)
+        else:
+            settings[name] = value
+
+
 def part_fix(fix: RememberedFix, component: str) -> RememberedFix | None:
     """`fix` cut to the share of `component` (None where it has none)."""
     share = part_settings(fix.settings, component)
@@ -178,11 +191,7 @@ def beside(own: RememberedFix, parts: Mapping[str, RememberedFix]) -> Remembered
     if more is None:
         return own
     settings: dict[str, Any] = dict(own.settings)
-    for name, value in more.settings.items():
-        if name in _MODULE_LISTS and isinstance(value, list):
-            settings[name] = list(dict.fromkeys([*(settings.get(name) or []), *value]))
-        else:
-            settings.setdefault(name, value)
+    join(settings, more.settings, first_wins=True)
     return replace(
         own,
         settings=settings,
@@ -201,11 +210,7 @@ def joined(parts: Mapping[str, RememberedFix]) -> RememberedFix | None:
     settings: dict[str, Any] = {}
     made_at: dict[str, Any] = {}  # each was proved at its own precision; their settings join
     for share in shares.values():
-        for name, value in share.settings.items():
-            if name in _MODULE_LISTS and isinstance(value, list):
-                settings[name] = list(dict.fromkeys([*settings.get(name, []), *value]))
-            else:
-                settings[name] = value
+        join(settings, share.settings)
         made_at.update(share.made_at)
     first = next(iter(shares.values()))
     summary = " ".join(dict.fromkeys(s.summary for s in shares.values()))
