@@ -84,7 +84,8 @@ def test_remembered_fix_fills_auto_fields_only():
 
 
 def test_a_remembered_fix_is_said_to_be_used_only_where_it_set_something():
-    from app.core.fixing.profiles import RememberedFix, remembered_words
+    from app.core.fixing.profiles import RememberedFix
+    from app.core.fixing.remembered_notes import remembered_words
 
     fix = RememberedFix({"vae_precision": "fp32"}, "run the VAE in fp32", "health check", 0.0)
     used = plan(PrecisionSettings(precision="fp16"), remembered=fix.settings)
@@ -114,7 +115,8 @@ def test_a_remembered_kernel_switch_to_pytorchs_own_attention_is_said_as_run():
     """ComfyUI's HalfSafe Check stores a kernel fault's fix, PyTorch's own attention, as
     `attention_backend: auto`: a job that runs auto attention ran with it; one on another
     kernel did not."""
-    from app.core.fixing.profiles import RememberedFix, remembered_words
+    from app.core.fixing.profiles import RememberedFix
+    from app.core.fixing.remembered_notes import remembered_words
 
     fix = RememberedFix({"attention_backend": "auto"}, "switch attention", "comfyui check", 0.0)
     ran = plan(PrecisionSettings(precision="fp16"), remembered=fix.settings)

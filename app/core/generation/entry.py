@@ -14,7 +14,7 @@ from app.core import samplers, work
 from app.core.components import join_words
 from app.core.errors import HalfSafeError
 from app.core.families import capabilities, family_of
-from app.core.fixing import job_plans
+from app.core.fixing import job_plans, remembered_notes
 from app.core.fixing.job_fix import JobFix, with_job_fix
 from app.core.fixing.remembered_fix import RememberedFix
 from app.core.generation import step_cache
@@ -172,7 +172,7 @@ def generate(
             # place, and the next job at these settings repairs again.
             result.warnings = [w for w in result.warnings if w not in learned.remembered_note]
             result.warnings.append(
-                profiles.overridden_repair_words(previous, learned.overrode_remembered, now)
+                remembered_notes.overridden_repair_words(previous, learned.overrode_remembered, now)
             )
             learned = None
         elif dict(previous.settings) != learned.settings:
@@ -453,7 +453,6 @@ def _generate_unsaved(
 ) -> tuple[GenerationResult, _Learned | None]:
     """`generate` up to the images and their diagnosis and precision repairs, unsaved; and the
     precision fix those repairs proved (the remembered one's settings under it), if any."""
-    from app.core.fixing import profiles
     from app.core.fixing.job_start import start_job
 
     started = time.perf_counter()
@@ -469,7 +468,7 @@ def _generate_unsaved(
         start.plan, getattr(model.pipeline, "vae", None), drawn_height, drawn_width
     )
     warnings = _job_notes(model, request, plan, start, prepared.strength_note)
-    remembered_note = tuple(profiles.remembered_words(remembered, plan, job_fix))
+    remembered_note = tuple(remembered_notes.remembered_words(remembered, plan, job_fix))
     warnings.extend(remembered_note)
     warnings.extend(_sampler_note(model, request))
     watch = bool(precision.nan_check)

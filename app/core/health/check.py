@@ -18,7 +18,7 @@ from app.core.components import Role, Verdict, in_run_order, join_words, of_role
 from app.core.components import words as component_words
 from app.core.errors import HalfSafeError
 from app.core.families import capabilities, family_of
-from app.core.fixing import job_plans
+from app.core.fixing import job_plans, remembered_notes
 from app.core.fixing.quality import compare
 from app.core.health.cost import price_fix, priced_component, timed_as_checked
 from app.core.health.fix import Search, choose_fix, fix_summary, last_resort, take_timed
@@ -254,13 +254,12 @@ def _checked_size(model, size: int | None) -> int:
 def _start(model, precision: PrecisionSettings, device: str, use_remembered: bool = True) -> _Start:
     """The device, the remembered fix (unless not `use_remembered`) and the plan, with their
     notes; then the damaged weights."""
-    from app.core.fixing import profiles
     from app.core.fixing.job_start import start_job
 
     started = start_job(model, precision, device, use_remembered=use_remembered)
     info, plan, remembered = started.info, started.plan, started.remembered
     notes = list(plan.warnings) + started.profile_notes + list(getattr(model, "notes", []))
-    notes.extend(profiles.remembered_words(remembered, plan))
+    notes.extend(remembered_notes.remembered_words(remembered, plan))
     bad_weights, bad_quantized, broken = _damaged_weights(model, notes)
     return _Start(info, plan, remembered, notes, bad_weights, bad_quantized, broken)
 
@@ -715,7 +714,6 @@ def _report(
     counted: work.Work,
 ) -> HealthReport:
     """The finished check as a report; `started` is when check_loaded began (perf_counter)."""
-    from app.core.fixing import profiles
 
     info, plan, remembered = start.info, start.plan, start.remembered
     pictures = check.runner.pictures  # the job's input the check ran, None for text-to-image
@@ -733,7 +731,7 @@ def _report(
         versions=_versions(),
         remembered=(
             remembered.summary
-            if remembered and profiles.ran_with_remembered(remembered, plan)
+            if remembered and remembered_notes.ran_with_remembered(remembered, plan)
             else None
         ),
         timesteps=check.runner.timesteps,
