@@ -144,9 +144,7 @@ class KeptCopies:
                 return None
             del self._copies[name]
         if not kept.made_from.matches(signature(loaded)):
-            stale = [kept]
-            del kept  # no reference left here when the collector runs
-            self._free(stale)
+            self._free([kept])
             return None
         self.taken += 1
         return kept.module, kept.held
@@ -163,9 +161,10 @@ class KeptCopies:
             others = sum(k.bytes for n, k in self._copies.items() if n != name)
             if others + own > room:
                 return False
-            replaced = [self._copies.pop(name)] if name in self._copies else []
+            replaced = self._copies.pop(name, None)
             self._copies[name] = _Kept(key, module, own, held, signature(loaded))
-        self._free(replaced)
+        if replaced is not None:
+            self._free([replaced])
         return True
 
     def evict(self, name: str | None = None, room: int | None = None) -> int:
