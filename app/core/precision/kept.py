@@ -102,7 +102,7 @@ def signature(module) -> Signature:
 
 @dataclass
 class _Kept:
-    key: tuple[str, Hashable]  # its device, and its placement's key (dtype, islands, ...)
+    key: Hashable  # the placement's key (dtype, islands, clamps, ...) and its device
     module: Any
     bytes: int  # what it holds beside the loaded part
     held: int  # what it holds placed, shared tensors included (`PlacedPipeline.placed_bytes`)
@@ -134,7 +134,7 @@ class KeptCopies:
         with self._lock:
             return sorted(self._copies)
 
-    def take(self, name: str, key: tuple[str, Hashable], loaded) -> tuple[Any, int] | None:
+    def take(self, name: str, key: Hashable, loaded) -> tuple[Any, int] | None:
         """The kept copy of part `name` placed under `key`, taken out, and what it holds placed,
         when the loaded part `loaded` is still what it was made from; else None (a copy made
         from something else is freed)."""
@@ -150,7 +150,7 @@ class KeptCopies:
         return kept.module, kept.held
 
     def offer(
-        self, name: str, key: tuple[str, Hashable], module, own: int, held: int, loaded, room: int
+        self, name: str, key: Hashable, module, own: int, held: int, loaded, room: int
     ) -> bool:
         """Keep `module`, the copy of part `name` placed under `key` holding `own` bytes beside
         the loaded part `loaded` (`held` placed), in place of any kept copy of that part, where
