@@ -171,23 +171,3 @@ def test_a_budget_from_free_memory_counts_kept_copies_as_free(tmp_path, monkeypa
     without, _ = device_budget("cpu", held_bytes=1 << 30)
     with_kept, _ = device_budget("cpu", held_bytes=1 << 30, kept_bytes=held)
     assert with_kept == pytest.approx(without + held / 2**20)
-
-
-def test_a_part_converted_in_place_or_without_a_version_is_never_taken_back():
-    """`.to()` on a module replaces its tensors' data under the same objects; an inference
-    tensor keeps no version, so a change to it could not be seen; a weight kept as its file
-    stores it is told by its own bytes."""
-    from app.core.checkpoint.stored import StoredTensor
-
-    layer = torch.nn.Linear(4, 4)
-    made = kept_copies.signature(layer)
-    layer.to(torch.bfloat16)
-    assert not made.matches(kept_copies.signature(layer))
-    with torch.inference_mode():
-        unversioned = torch.nn.Linear(4, 4)
-    assert not kept_copies.signature(unversioned).matches(kept_copies.signature(unversioned))
-    stored = torch.nn.Linear(4, 4)
-    packed = torch.randn(4, 4).to(torch.float8_e4m3fn)
-    weight = StoredTensor(packed, "fp8", (4, 4), torch.bfloat16, scale=torch.tensor(1.0))
-    stored.weight = torch.nn.Parameter(weight, requires_grad=False)
-    assert kept_copies.signature(stored).matches(kept_copies.signature(stored))

@@ -57,10 +57,10 @@ def _layer_state(name: str, layer) -> Iterator[tuple]:
 @dataclass(frozen=True)
 class Signature:
     """What a copy was made from: each tensor of the loaded part as an object (weakly: a
-    tensor freed and another made at its address is not the same) with its storage, dtype and
-    version, and its layers' hooks and adapters."""
+    tensor freed and another made at its address is not the same) with its version, and its
+    adapters' state."""
 
-    tensors: tuple[tuple[weakref.ref, tuple], ...]
+    tensors: tuple[tuple[weakref.ref, int], ...]
     adapters: tuple
 
     def matches(self, other: Signature) -> bool:
@@ -68,21 +68,9 @@ class Signature:
             return False
         for (mine, version), (theirs, now) in zip(self.tensors, other.tensors, strict=True):
             tensor = mine()
-            if tensor is None or tensor is not theirs() or version is None or version != now:
+            if tensor is None or tensor is not theirs() or version != now:
                 return False
         return True
-
-
-def _held(tensor) -> tuple | None:
-    """A loaded tensor's storages (`.to()` on a module replaces its tensors' data in place), dtype
-    and version; None where torch keeps no version of it (an inference tensor): a copy made
-    from it is never taken back."""
-    from app.core.checkpoint.stored import storages
-
-    try:
-        return tuple(s.data_ptr() for s in storages(tensor)), tensor.dtype, tensor._version
-    except RuntimeError:
-        return None
 
 
 def signature(module) -> Signature:
@@ -95,7 +83,7 @@ def signature(module) -> Signature:
         for tensor in (*layer._parameters.values(), *layer._buffers.values()):
             if tensor is not None and id(tensor) not in seen:
                 seen.add(id(tensor))
-                tensors.append((weakref.ref(tensor), _held(tensor)))
+                tensors.append((weakref.ref(tensor), int(tensor._version)))
         state.extend(_layer_state(name, layer))
     return Signature(tuple(tensors), tuple(state))
 
