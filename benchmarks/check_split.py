@@ -8,9 +8,7 @@ generation, alternating, each under cProfile. Each job's time is split into what
 placing the parts (`PlacedPipeline.apply`), the text encoders, the denoiser stage (the
 check's three probed steps; the generation's twenty), the UNet's own calls in it, the VAE's
 decode, and, in the check, the recorder's reductions. The floor is the check's work at the generation's own speed: three of its steps,
-its decode and its text encoding, with and without the placing both jobs do. Each job takes
-the copies of the parts the last one kept (`precision.kept`), so after the first job neither
-places its parts; `kept` is what those copies hold.
+its decode and its text encoding, with and without the placing both jobs do.
 
 Usage: python benchmarks/check_split.py [--precision bf16] [--size 256] [--rounds 2]
        [--json FILE]
@@ -118,8 +116,6 @@ def measure(precision: str, size: int, rounds: int) -> dict:
                 "check_step_s": round(check["unet_calls"] / max(check["unet_n"], 1), 3),
                 "floor_placing": round((floor + generated["placing"]) / generation_s, 4),
                 "floor_unplaced": round(floor / (generation_s - generated["placing"]), 4),
-                # What the parts' copies kept from job to job hold after the generation.
-                "kept_mb": round(session.model.kept.bytes / 2**20, 1),
             }
         )
     return {
@@ -135,16 +131,14 @@ def measure(precision: str, size: int, rounds: int) -> dict:
 def table(document: dict) -> str:
     lines = [
         "| round | check | generation | check / generation | probed step / generation's step "
-        "| floor, placing both | floor, placing neither | placing: check, generation | kept |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| floor, placing both | floor, placing neither |",
+        "|---|---|---|---|---|---|---|",
     ]
     for index, row in enumerate(document["rounds"], start=1):
         lines.append(
             f"| {index} | {row['check_s']:.2f} s | {row['generation_s']:.2f} s | "
             f"{row['ratio']:.1%} | {row['check_step_s']:.2f} s / {row['generation_step_s']:.2f} s "
-            f"| {row['floor_placing']:.1%} | {row['floor_unplaced']:.1%} "
-            f"| {row['check']['placing']:.2f} s, {row['generation']['placing']:.2f} s "
-            f"| {row['kept_mb']:.0f} MiB |"
+            f"| {row['floor_placing']:.1%} | {row['floor_unplaced']:.1%} |"
         )
     return "\n".join(lines)
 

@@ -88,9 +88,7 @@ def _release_cached_memory() -> None:
     import torch
 
     from app.core import work
-    from app.core.precision.kept import free_all
 
-    free_all()  # copies kept from job to job go first
     work.collect_garbage()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -49,17 +49,8 @@ def plan_for_model(
         vae_needs_fp32=vae_needs_fp32(model),
         remembered=remembered,
         held_bytes=host_bytes(getattr(pipeline, name) for name in components),
-        kept_bytes=kept_on(model, device),
     )
     return whole_attention_plan(replace(plan, remembered_dropped=dropped), pipeline)
-
-
-def kept_on(model, device) -> int:
-    """What the copies `model` keeps from job to job hold on `device` (`kept.KeptCopies`)."""
-    import torch
-
-    kept = getattr(model, "kept", None)
-    return 0 if kept is None else kept.held_on(str(torch.device(device)))
 
 
 def vae_needs_fp32(model) -> bool:

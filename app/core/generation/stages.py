@@ -102,10 +102,7 @@ class JobStages:
         self.progress = progress
         self.preview = preview
         self.cancel = cancel
-        # Placed per stage, taking back the copies an earlier job let go.
-        self.placed = PlacedPipeline(
-            model.pipeline, plan, components=(), kept=getattr(model, "kept", None)
-        )
+        self.placed = PlacedPipeline(model.pipeline, plan, components=())  # placed per stage
         self.host = PipelineHost(model, self.placed, device)  # what the stages drive
         self.stages = Stages(self.host, pictures, self.stage_call, probing=False)
         self.family = family_of(model.pipeline)

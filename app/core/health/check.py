@@ -101,8 +101,7 @@ def check_loaded(
     size (reported as `vae_encoder`), as the second pass encodes the enlarged first picture.
 
     Runs on the calling thread and takes seconds on a GPU. Side effects: components are copied
-    to the device for the duration (released at the end, the copies the budget has room for
-    kept for the next job: `precision.kept`), and a verified fix is stored in the
+    to the device for the duration (released at the end), and a verified fix is stored in the
     model's remembered profile (unless not `run.remember`). With `run.measure_cost`, a verified
     fix is also timed against no-half, alternating. Without `run.use_remembered` the fix
     remembered for the model is left out: the check runs exactly the settings given (an

@@ -76,8 +76,7 @@ class Runner:
         self.model = model
         self.pictures = pictures  # the input picture (and mask) at the probe's size, if any
         if host is None:
-            kept = getattr(model, "kept", None)  # copies an earlier job let go
-            placed = PlacedPipeline(model.pipeline, plan, components=(), kept=kept)
+            placed = PlacedPipeline(model.pipeline, plan, components=())  # placed per stage
             host = PipelineHost(model, placed, torch.device(plan.device))
         self.host: Host = host
         # HalfSafe's pipeline placed and its family (None on another host).

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.core.formats.weight_findings import StoredQuantization, WeightScan
-from app.core.precision.kept import KeptCopies
 
 
 @dataclass
@@ -39,8 +38,6 @@ class LoadedModel:
     # The live preview's latent colours (`preview.colours_for`) by the VAE's dtype, found on
     # the first preview; None where the VAE gave nothing to fit them to.
     preview_colours: dict[str, Any] = field(default_factory=dict, repr=False)
-    # Its parts' placed copies kept from one job to the next (`kept.KeptCopies`).
-    kept: KeptCopies = field(default_factory=KeptCopies, repr=False, compare=False)
 
     @property
     def components(self) -> tuple[str, ...]:

@@ -19,7 +19,6 @@ from app.core.hooks import Hooks
 from app.core.precision import tiling
 from app.core.precision.attention import set_attention
 from app.core.precision.autocast import _ENTRY_SUBMODULES, _AutocastOff, _set_autocast
-from app.core.precision.kept import COLLECT_AFTER_DROPPING_BYTES, KeptCopies
 from app.core.precision.layerwise import cast_floats, compute_in
 from app.core.precision.plan import (
     PrecisionPlan,
@@ -35,6 +34,10 @@ from app.core.precision.streaming import (
 )
 from app.core.precision.transfer import moved_as
 
+# A dropped placed copy holding this many bytes of its own (not shared with the loaded model) or
+# more is freed at once by a collection (see `PlacedPipeline._drop`); a collection takes a
+# fraction of a second, a small copy is left to Python's own collector.
+COLLECT_AFTER_DROPPING_BYTES = 64 << 20
 # While plans of one stage are timed in turn (`PlacedPipeline.keeping_variants`), a copy that
 # holds little of its own (an island's layers beside the weights it computes from, shared with
 # the loaded part or its resident copy) is kept beside the next instead of being made again for
@@ -426,13 +429,6 @@ def _form(source, plan: PrecisionPlan, name: str):
     return storage, _over_budget(source, storage, plan.memory_budget_mb)
 
 
-def _device_name(plan: PrecisionPlan) -> str:
-    """The plan's device as torch names it ("cuda" stays "cuda"), as kept copies are keyed."""
-    import torch
-
-    return str(torch.device(plan.device))
-
-
 class PlacedPipeline:
     """A pipeline's components on the job's device, each in its plan's dtype (and its module
     islands, `PrecisionPlan.modules`, in theirs), one stage's components at a time.
@@ -442,23 +438,14 @@ class PlacedPipeline:
     between plans never loses precision. Each placed UNet and VAE casts its floating inputs to
     its own dtype, which is what makes mixed-precision plans work across component boundaries.
     `placed_bytes` is what the placed components hold on the device now, shared tensors
-    included (on a CPU too: what a GPU would hold of them), `peak_bytes` the most at once;
-    neither counts the copies `kept` from job to job beside them, which the budget holds too
-    and which give way to a new copy.
+    included (on a CPU too: what a GPU would hold of them), `peak_bytes` the most at once.
     """
 
     def __init__(
-        self,
-        pipeline,
-        plan: PrecisionPlan,
-        components: Collection[str] | None = None,
-        kept: KeptCopies | None = None,
+        self, pipeline, plan: PrecisionPlan, components: Collection[str] | None = None
     ) -> None:
         self.source = pipeline
         self.plan = plan
-        # The loaded model's copies kept from job to job (`kept.KeptCopies`): a part let go
-        # goes there while it fits the budget, and a part placed as one kept is taken back.
-        self.kept = kept
         self._placed: dict[str, tuple[Any, Any]] = {}
         self._bytes: dict[str, int] = {}
         self.peak_bytes = 0
@@ -487,21 +474,17 @@ class PlacedPipeline:
         kept = sum(b for _, b in self._variants.values()) if self._variants else 0
         return sum(self._bytes.values()) + kept
 
-    def _drop(self, name: str, keep: bool = True) -> None:
+    def _drop(self, name: str) -> None:
         """Forget a placed copy, and free it now where it held much: a placed module sits in
         reference cycles (diffusers' hook registries and hooks' closures point back at it),
         which only Python's collector frees, and it may not run before the next copy is made
         (a bf16 transformer generated in fp16 held a dropped 2.4 GiB fp16 copy beside the
-        next one). While `keeping_variants`, a small copy is set aside instead; else, with
-        `keep` (a part let go for another's stage, not one replaced by a new copy of itself),
-        it is offered to the copies kept from job to job (`_offer`)."""
+        next one). While `keeping_variants`, a small copy is set aside instead."""
         dropped = self._placed.pop(name, None)
-        held = self._bytes.pop(name, 0)
+        self._bytes.pop(name, None)
         if dropped is None:
             return
         own = _own_bytes(dropped[1], self.source, name, self._resident.get(name))
-        if keep and self._variants is None and self._offer(name, *dropped, own, held):
-            return
         if self._variants is not None and own <= min(
             VARIANT_BYTES, VARIANT_SHARE * tensor_bytes(getattr(self.source, name))
         ):
@@ -514,45 +497,6 @@ class PlacedPipeline:
         if own >= COLLECT_AFTER_DROPPING_BYTES:
             del dropped
             work.collect_garbage()
-
-    def _budget_bytes(self) -> int | None:
-        budget = self.plan.memory_budget_mb
-        return None if budget is None else int(budget * 2**20)
-
-    def _offer(self, name: str, key, module, own: int, held: int) -> bool:
-        """Hand the copy `module` of `name`, placed under `key` and holding `own` bytes of its
-        own beside what it computes from (`held` in all), to the copies kept from job to job,
-        where the plan has a memory budget they fit beside what stays placed; streamed copies
-        and the loaded part itself are never kept."""
-        budget = self._budget_bytes()
-        if self.kept is None or budget is None or key[5]:  # key[5]: streams
-            return False
-        loaded = getattr(self.source, name)
-        if module is loaded:
-            return False
-        if name in self._resident:  # kept past the job, it holds what it shares with those
-            own = tensor_bytes(module, shared_with=loaded)
-        room = budget - self.placed_bytes
-        where = (_device_name(self.plan), key)
-        return self.kept.offer(name, where, module, own, held, loaded, room)
-
-    def _taken(self, name: str, key) -> tuple[Any, int] | None:
-        """The copy of `name` under `key` kept from an earlier job or stage and the bytes it
-        holds placed, or None."""
-        if self.kept is None:
-            return None
-        return self.kept.take(name, (_device_name(self.plan), key), getattr(self.source, name))
-
-    def _make_room(self, name: str, source, dtype, islands) -> None:
-        """Before a new copy of `name`: free the kept copy of it, then the largest kept others
-        until they fit the budget beside what is placed and the new copy."""
-        if self.kept is None:
-            return
-        self.kept.evict(name)
-        budget = self._budget_bytes()
-        if budget is not None and self.kept.bytes:
-            new = sizes(source, dtype, islands).whole
-            self.kept.evict(room=max(budget - self.placed_bytes - new, 0))
 
     @contextlib.contextmanager
     def keeping_variants(self) -> Iterator[None]:
@@ -571,16 +515,13 @@ class PlacedPipeline:
                 kept.clear()
                 work.collect_garbage()
 
-    def _set_aside(self, name: str, key) -> tuple[Any, int] | None:
+    def _set_aside(self, name: str, key) -> Any:
         """The copy of `name` placed under `key` and set aside while `keeping_variants` (taken
-        back out) and the bytes it holds placed, or None."""
+        back out), or None."""
         if self._variants is None:
             return None
         kept = self._variants.pop((name, key), None)
-        if kept is None:
-            return None
-        held = streamed_of(kept[0])
-        return kept[0], tensor_bytes(kept[0]) + (held.block if held else 0)
+        return kept[0] if kept is not None else None
 
     def _drop_resident(self, name: str) -> None:
         """Forget the stored weights moved to the device for `name`, freeing them now."""
@@ -617,7 +558,7 @@ class PlacedPipeline:
             return resident
         if _over_budget(source, loaded.dtype, plan.memory_budget_mb):
             return None  # even as stored it does not fit: it streams
-        self._drop(name, keep=False)  # its copy from the RAM goes before the move is made
+        self._drop(name)  # its copy from the RAM goes before the move is made
         began = time.perf_counter()
         resident = _copy_as(source, device, None)
         resident.eval().requires_grad_(False)
@@ -667,15 +608,16 @@ class PlacedPipeline:
             current = self._placed.get(name)
             if current is not None and current[0] == key:
                 module = current[1]
-            elif (kept := self._set_aside(name, key) or self._taken(name, key)) is not None:
-                self._drop(name, keep=False)
-                module, self._bytes[name] = kept
+            elif (kept := self._set_aside(name, key)) is not None:
+                self._drop(name)
+                module = kept
                 self._placed[name] = (key, module)
+                held = streamed_of(module)
+                self._bytes[name] = tensor_bytes(module) + (held.block if held else 0)
                 self.peak_bytes = max(self.peak_bytes, self.placed_bytes)
             else:
                 current = None
-                self._drop(name, keep=False)  # free the old copy before making the new one
-                self._make_room(name, source, storage, islands)
+                self._drop(name)  # free the old copy before making the new one
                 began = time.perf_counter()
                 if streams:
                     module, streamed = streamed_copy(source, device, storage, islands)
@@ -767,13 +709,7 @@ class PlacedPipeline:
         """Drop the placed copies and give cached device memory back."""
         import torch
 
-        own = 0
-        for name in list(self._placed):
-            key, module = self._placed.pop(name)
-            held = self._bytes.pop(name, 0)
-            its_own = _own_bytes(module, self.source, name)
-            if not self._offer(name, key, module, its_own, held):  # else kept for the next job
-                own += its_own
+        own = sum(_own_bytes(m, self.source, n) for n, (_, m) in self._placed.items())
         own += sum(tensor_bytes(m) for m in self._resident.values())
         self._placed.clear()
         self._bytes.clear()

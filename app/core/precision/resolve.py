@@ -58,7 +58,6 @@ def resolve_plan(
     own_islands: Mapping[str, Mapping[str, Mapping[str, str]]] | None = None,
     ask_device: bool = True,
     held_bytes: int = 0,
-    kept_bytes: int = 0,
 ) -> PrecisionPlan:
     """Resolve `auto` against the device and the model; keep explicit choices, with warnings.
 
@@ -75,8 +74,7 @@ def resolve_plan(
     `device_info` does not say (its free memory for a budget left to it, what its autocast
     does); off for the plan the window shows before a job, which never touches the device.
     `held_bytes`: what the loaded model's weights take in the computer's memory, which a budget
-    taken from that memory (a CPU's, an Apple GPU's) leaves to them; `kept_bytes`: what copies
-    kept from an earlier job hold on the device, which a budget taken from it counts as free.
+    taken from that memory (a CPU's, an Apple GPU's) leaves to them.
     """
     device_str = str(device)
     kind = device_str.split(":")[0]
@@ -128,7 +126,7 @@ def resolve_plan(
     budget = float(user.get("max_vram_gb") or 0.0) * 1024 or None
     budget_from = "setting" if budget else None
     if budget is None and ask_device:
-        budget, budget_from = device_budget(device_str, held_bytes, kept_bytes)
+        budget, budget_from = device_budget(device_str, held_bytes)
     return PrecisionPlan(
         device=device_str,
         dtypes=dtypes,

@@ -276,12 +276,9 @@ FROM_GPU = "free memory"  # a CUDA or ROCm GPU's free memory
 FROM_RAM = "free RAM"  # the computer's, where the device computes in it (a CPU, an Apple GPU)
 
 
-def device_budget(
-    device: str, held_bytes: int = 0, kept_bytes: int = 0
-) -> tuple[float, str] | tuple[None, None]:
+def device_budget(device: str, held_bytes: int = 0) -> tuple[float, str] | tuple[None, None]:
     """The memory budget of a job on `device` when the user set none, in MiB, and where it came
-    from; (None, None) where there is nothing to ask. `kept_bytes`, what copies kept from an
-    earlier job hold there (`kept.KeptCopies`), count as free: a job's copies evict them.
+    from; (None, None) where there is nothing to ask.
 
     A CUDA (or ROCm) GPU: its free memory now. A CPU or an Apple GPU computes in the computer's
     own memory, beside the loaded model: the RAM the system says is available less the
@@ -295,12 +292,12 @@ def device_budget(
         if not torch.cuda.is_available():
             return None, None
         _, total = torch.cuda.mem_get_info(torch.device(device))
-        return _less_reserve(cuda_free_bytes(device) + kept_bytes, total), FROM_GPU
+        return _less_reserve(cuda_free_bytes(device), total), FROM_GPU
     if device.startswith(("cpu", "mps")):
         import psutil
 
         memory = psutil.virtual_memory()
-        free = memory.available - held_bytes + kept_bytes
+        free = memory.available - held_bytes
         if device.startswith("mps"):
             free = min(free, _metal_free())
         return _less_reserve(free, memory.total), FROM_RAM
