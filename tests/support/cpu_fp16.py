@@ -6,13 +6,15 @@ and `conv2d` there in scalar loops that accumulate in fp32, 45 and 70 times slow
 0.30 ms; a 3x3 conv of 64 channels at 32x32, 102 ms against 1.5 ms). The suite's fp16 checks
 then take hours on such a machine.
 
-`install()` makes those kernels, for fp16 tensors on the CPU only, upcast their operands to
-fp32, run torch's own fp32 kernel and round the result to fp16 once: the same sum, in another
-order, so a result differs from the scalar loops' by at most one unit in the last place in a
-few elements out of a thousand (`tests/unit/test_cpu_fp16.py` holds that), and a product past
-65504 is `inf` in both. This is also what a GPU's fp16 matmul does (fp32 accumulation). Every
-other dtype and every other device keep torch's own kernels: the fp32 and bf16 calls run
-exactly as before, through the variants with an `out=` tensor, which these overrides leave.
+`install()` makes those kernels (`mm`, `addmm`, `bmm`, `baddbmm`, and the convolutions in 2D
+and 3D, transposed or not), for fp16 tensors on the CPU only, upcast their operands to
+fp32, run torch's own fp32 kernel and round the result to fp16 once. That is the exact sum
+in fp32 rounded once, as the scalar loops compute it in another order (and as a GPU's fp16
+matmul does): within half a unit in fp16's last place plus the fp32 sum's own error, `inf`
+where the sum passes 65504 (`tests/unit/test_cpu_fp16.py` holds both to that bound; torch's
+transposed convolutions round twice). Every other dtype and every other device keep torch's
+own kernels: fp32 and bf16 calls run as before, through the variants with an `out=` tensor,
+which these overrides leave alone.
 
 Subprocesses get it too: `tests/conftest.py` puts `site/` on PYTHONPATH, whose
 `sitecustomize` installs this once torch is imported (`HALFSAFE_TEST_CPU_FP16=fp32-sum`).
@@ -71,46 +73,36 @@ def install() -> None:
         return aten.baddbmm.out(c, a, b, beta=beta, alpha=alpha, out=_out(a.dtype))
 
     # A convolution in fp16 on such a CPU leaves oneDNN for these scalar kernels (fp32 never
-    # reaches them while oneDNN takes it): each runs as one fp32 convolution instead.
-    def slow_conv2d(x, weight, kernel_size, bias, stride, padding):
-        if x.dtype is half:
-            wide = aten.convolution.default(
-                x.float(),
-                weight.float(),
-                None if bias is None else bias.float(),
-                stride,
-                padding,
-                [1, 1],
-                False,
-                [0, 0],
-                1,
-            )
-            return wide.to(half)
-        return aten._slow_conv2d_forward.output(
-            x, weight, kernel_size, bias, stride, padding, output=_out(x.dtype)
-        )
+    # reaches them while oneDNN takes it): each runs as one fp32 convolution instead. Their
+    # arguments, in schema order: self, weight, kernel_size, bias, stride, padding, then
+    # output_padding and dilation (the transposed ones). The dilated ones stay torch's (slow in
+    # fp16): their `out=` variants call them back, so fp32 would have no kernel left to run.
+    def convolution(name: str, out: str, transposed: bool):
+        theirs = getattr(getattr(aten, name), out)
+        dims = 3 if "3d" in name else 2
 
-    def slow_conv_transpose2d(
-        x, weight, kernel_size, bias=None, stride=(1, 1), padding=(0, 0), output_padding=(0, 0),
-        dilation=(1, 1),
-    ):  # fmt: skip
-        if x.dtype is half:
+        def kernel(x, weight, kernel_size, bias=None, stride=None, padding=None, *rest):
+            stride, padding = stride or [1] * dims, padding or [0] * dims
+            if x.dtype is not half:
+                wanted = {out: _out(x.dtype)}
+                return theirs(x, weight, kernel_size, bias, stride, padding, *rest, **wanted)
+            output_padding = rest[0] if transposed and rest else [0] * dims
+            dilation = rest[1] if transposed and len(rest) == 2 else [1] * dims
+            bias = None if bias is None else bias.float()
             wide = aten.convolution.default(
-                x.float(),
-                weight.float(),
-                None if bias is None else bias.float(),
-                stride,
-                padding,
-                dilation,
-                True,
-                output_padding,
-                1,
-            )
+                x.float(), weight.float(), bias, stride, padding, dilation, transposed,
+                output_padding, 1,
+            )  # fmt: skip
             return wide.to(half)
-        return aten.slow_conv_transpose2d.out(
-            x, weight, kernel_size, bias, stride, padding, output_padding, dilation,
-            out=_out(x.dtype),
-        )  # fmt: skip
+
+        return kernel
+
+    convolutions = {  # name: its out= variant, transposed
+        "_slow_conv2d_forward": ("output", False),
+        "slow_conv3d_forward": ("output", False),
+        "slow_conv_transpose2d": ("out", True),
+        "slow_conv_transpose3d": ("out", True),
+    }
 
     library = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():
@@ -120,6 +112,6 @@ def install() -> None:
         library.impl("bmm", bmm, "CPU")
         library.impl("addmm", addmm, "CPU")
         library.impl("baddbmm", baddbmm, "CPU")
-        library.impl("_slow_conv2d_forward", slow_conv2d, "CPU")
-        library.impl("slow_conv_transpose2d", slow_conv_transpose2d, "CPU")
+        for name, (out, transposed) in convolutions.items():
+            library.impl(name, convolution(name, out, transposed), "CPU")
     _library = library

@@ -52,6 +52,7 @@ def test_products_in_fp16_are_the_exact_sums_rounded_once():
     q, c = randn(16, 64, 32), randn(16, 64, 64)
     x, k, kb = randn(1, 64, 16, 16, scale=4), randn(32, 64, 3, 3), randn(32)
     t, tb = randn(64, 8, 2, 2), randn(8)
+    v, k3, kb3, t3 = randn(1, 8, 4, 6, 6), randn(4, 8, 3, 3, 3), randn(4), randn(8, 8, 2, 2, 2)
     cases = [
         # what the suite's code calls; torch's own fp16 kernel where the overrides leave one
         (lambda a, w: a @ w.t(), (a, w), 320, lambda: aten.mm.out(a, w.t(), out=_empty())),
@@ -82,8 +83,22 @@ def test_products_in_fp16_are_the_exact_sums_rounded_once():
                 x, k, [3, 3], kb, [2, 2], [1, 1], output=_empty()
             ),
         ),
-        # torch's own rounds the product before it adds the bias: not held to one rounding
+        (
+            lambda v, k, b: F.conv3d(v, k, b, padding=1),
+            (v, k3, kb3),
+            73,
+            lambda: aten.slow_conv3d_forward.output(
+                v, k3, [3, 3, 3], kb3, [1, 1, 1], [1, 1, 1], output=_empty()
+            ),
+        ),
+        # torch's own round the product before they add the bias: not held to one rounding
         (lambda x, t, b: F.conv_transpose2d(x, t, b, stride=2), (x, t, tb), 65, None),
+        (
+            lambda v, t, b: F.conv_transpose3d(v, t, b, stride=2, output_padding=1),
+            (v, t3, tb),
+            65,
+            None,
+        ),
     ]
     for call, operands, terms, theirs in cases:
         exact = call(*wide(*operands))
