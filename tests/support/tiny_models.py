@@ -5,6 +5,8 @@ its seed fixes. The tests plant faults in them; the benchmarks time the check on
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from app.core.demo import (
@@ -19,6 +21,16 @@ from app.core.encoders.tokenizers import (
     qwen3_tokenizer,
     t5_tokenizer,
 )
+
+
+@functools.cache
+def shared(make: Callable[..., Any], *args: Any) -> Any:
+    """One of each shipped tokenizer (or processor) per process, `make(*args)`, for every tiny
+    pipeline built here. Building one from the shipped files takes 0.1-0.6 s (Qwen's BPE the
+    longest): a quarter of the tests' time on a 2.5 GHz CPU went there. The pipelines and the
+    code under test only read them; a builder that changes one (`mistral3_stand_in_tokenizer`)
+    makes its own."""
+    return make(*args)
 
 
 def _seeded(seed: int):
@@ -77,7 +89,7 @@ def build_tiny_sd_pipeline(seed: int = 0):
     parts: dict[str, Any] = {
         "vae": tiny_vae(seed + 1),
         "text_encoder": tiny_text_encoder(seed + 2),
-        "tokenizer": clip_tokenizer(),
+        "tokenizer": shared(clip_tokenizer),
         "unet": tiny_unet(seed + 3),
         "scheduler": EulerDiscreteScheduler(**SD_SCHEDULER_CONFIG),
         "safety_checker": None,
@@ -98,8 +110,8 @@ def build_tiny_sdxl_pipeline(seed: int = 0):
         "vae": vae,
         "text_encoder": tiny_text_encoder(seed + 2, hidden=hidden_1),
         "text_encoder_2": tiny_text_encoder(seed + 4, hidden=hidden_2, projection=hidden_2),
-        "tokenizer": clip_tokenizer(),
-        "tokenizer_2": clip_tokenizer(pad_token="!"),
+        "tokenizer": shared(clip_tokenizer),
+        "tokenizer_2": shared(clip_tokenizer, "!"),
         "unet": tiny_unet(
             seed + 3, cross_attention_dim=hidden_1 + hidden_2, sdxl_text_embeds=hidden_2
         ),
@@ -210,9 +222,9 @@ def build_tiny_flux_pipeline(seed: int = 0, guidance: bool = True):
         scheduler=FlowMatchEulerDiscreteScheduler(**config),
         vae=tiny_flux_vae(seed + 1),
         text_encoder=tiny_text_encoder(seed + 2),
-        tokenizer=clip_tokenizer(),
+        tokenizer=shared(clip_tokenizer),
         text_encoder_2=tiny_t5(seed + 4),
-        tokenizer_2=t5_tokenizer(),
+        tokenizer_2=shared(t5_tokenizer),
         transformer=tiny_flux_transformer(seed + 3, guidance),
     )
 
@@ -253,11 +265,11 @@ def build_tiny_sd3_pipeline(seed: int = 0, medium: bool = False, qk_norm: bool =
         scheduler=FlowMatchEulerDiscreteScheduler(**SD3_SCHEDULER_CONFIG),
         vae=vae,
         text_encoder=tiny_text_encoder(seed + 2, projection=32),
-        tokenizer=clip_tokenizer(),
+        tokenizer=shared(clip_tokenizer),
         text_encoder_2=tiny_text_encoder(seed + 4, projection=32, activation="gelu"),
-        tokenizer_2=clip_tokenizer(pad_token="!"),
+        tokenizer_2=shared(clip_tokenizer, "!"),
         text_encoder_3=tiny_t5(seed + 5, hidden=64),
-        tokenizer_3=t5_tokenizer(),
+        tokenizer_3=shared(t5_tokenizer),
         transformer=transformer,
     )
 
@@ -285,7 +297,7 @@ def build_tiny_chroma_pipeline(seed: int = 0):
         scheduler=FlowMatchEulerDiscreteScheduler(**FLUX_SCHEDULER_CONFIG),
         vae=tiny_flux_vae(seed + 1),
         text_encoder=tiny_t5(seed + 2),
-        tokenizer=t5_tokenizer(),
+        tokenizer=shared(t5_tokenizer),
         transformer=transformer,
     )
 
@@ -415,7 +427,7 @@ def build_tiny_zimage_pipeline(seed: int = 0, base: bool = False):
         scheduler=FlowMatchEulerDiscreteScheduler(**config),
         vae=tiny_flux_vae(seed + 1),
         text_encoder=tiny_qwen3(seed + 2),
-        tokenizer=qwen3_tokenizer(),
+        tokenizer=shared(qwen3_tokenizer),
         transformer=tiny_zimage_transformer(seed + 3),
     )
 
@@ -459,7 +471,7 @@ def build_tiny_qwenimage_pipeline(seed: int = 0, text_width: int = 64):
         scheduler=FlowMatchEulerDiscreteScheduler(**QWENIMAGE_SCHEDULER_CONFIG),
         vae=tiny_qwenimage_vae(seed + 1),
         text_encoder=tiny_qwen25_vl(seed + 2, hidden=text_width),
-        tokenizer=qwen2_tokenizer(),
+        tokenizer=shared(qwen2_tokenizer),
         transformer=transformer,
     )
 
@@ -620,7 +632,7 @@ def build_tiny_flux2_klein_pipeline(seed: int = 0, distilled: bool = False):
         "scheduler": FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER_CONFIG),
         "vae": tiny_flux2_vae(seed + 1),
         "text_encoder": tiny_qwen3_causal(seed + 2),
-        "tokenizer": qwen3_tokenizer(),
+        "tokenizer": shared(qwen3_tokenizer),
         "transformer": tiny_flux2_transformer(seed + 3, guidance=False, text=3 * 32),
         "is_distilled": distilled,
     }
@@ -905,7 +917,7 @@ def build_tiny_krea2_pipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**KREA2_SCHEDULER_CONFIG),
         vae=tiny_qwenimage_vae(seed + 1),
         text_encoder=tiny_qwen3_vl_4b(seed + 2, hidden=text, layers=36 if released_taps else 4),
-        tokenizer=qwen2_tokenizer(),
+        tokenizer=shared(qwen2_tokenizer),
         transformer=tiny_krea2_transformer(seed + 3, text=text, text_layers=len(taps)),
         text_encoder_select_layers=taps,
         is_distilled=distilled,
@@ -968,8 +980,8 @@ def build_tiny_anima_pipeline(seed: int = 0, layers: int = 2):
 
     return AnimaPipeline(
         text_encoder=tiny_qwen3(seed),
-        tokenizer=qwen2_tokenizer(),
-        t5_tokenizer=t5_tokenizer(),
+        tokenizer=shared(qwen2_tokenizer),
+        t5_tokenizer=shared(t5_tokenizer),
         text_conditioner=tiny_anima_conditioner(seed + 1),
         transformer=tiny_anima_transformer(seed + 2, padding_channel=False, layers=layers),
         vae=tiny_qwenimage_vae(seed + 3),
