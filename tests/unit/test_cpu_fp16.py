@@ -145,3 +145,22 @@ def test_a_subprocess_of_the_suite_gets_the_overrides_once_it_imports_torch():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
+
+
+def test_operands_of_mixed_dtypes_are_refused_as_torch_refuses_them():
+    # A dtype mismatch in the code under test must fail in the suite as it fails for a user.
+    half, wide = torch.randn(4, 8).half(), torch.randn(8, 3)
+    mixed = [
+        lambda: half @ wide,
+        lambda: F.linear(half, wide.t()),
+        lambda: torch.addmm(torch.zeros(3), half, wide.half()),
+        lambda: torch.bmm(half[None], wide[None]),
+        lambda: torch.baddbmm(torch.zeros(1, 4, 3), half[None], wide.half()[None]),
+        lambda: F.conv2d(torch.randn(1, 2, 5, 5).half(), torch.randn(3, 2, 3, 3)),
+        lambda: F.conv2d(
+            torch.randn(1, 2, 5, 5).half(), torch.randn(3, 2, 3, 3).half(), torch.randn(3)
+        ),
+    ]
+    for call in mixed:
+        with pytest.raises(RuntimeError):
+            call()
