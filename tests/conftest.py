@@ -31,9 +31,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # the machine: "native" unless the run names one. The test command runs the core tests again with
 # HALFSAFE_CPU_BF16=emulated, so both branches run on every machine.
 os.environ.setdefault("HALFSAFE_CPU_BF16", "native")
-# fp16 matrix products and convolutions on a CPU without fp16 kernels run in fp32, rounded once
-# (tests/support/cpu_fp16.py): 45-70 times faster there, the same sums to the last place. In
-# this process, and in the subprocesses the tests start, through site/sitecustomize.py.
+# fp16 matrix products and convolutions on the CPU are summed in fp32 and rounded once, as
+# torch's own fp16 kernels sum them (tests/support/cpu_fp16.py), 45-70 times faster on a CPU
+# without fp16 kernels. In this process, and in the subprocesses the tests start, through
+# site/sitecustomize.py.
 # HALFSAFE_TEST_CPU_FP16=native keeps torch's own kernels.
 os.environ.setdefault("HALFSAFE_TEST_CPU_FP16", "fp32-sum")
 _SITE = str(Path(__file__).resolve().parent / "support" / "site")
