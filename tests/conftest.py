@@ -36,7 +36,9 @@ os.environ.setdefault("HALFSAFE_CPU_BF16", "native")
 # without fp16 kernels. In this process, and in the subprocesses the tests start, through
 # site/sitecustomize.py.
 # HALFSAFE_TEST_CPU_FP16=native keeps torch's own kernels.
-os.environ.setdefault("HALFSAFE_TEST_CPU_FP16", "fp32-sum")
+from tests.support import cpu_fp16  # noqa: E402 (imports no torch)
+
+os.environ.setdefault(cpu_fp16.ENV, cpu_fp16.VALUE)
 _SITE = str(Path(__file__).resolve().parent / "support" / "site")
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [_SITE, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _SITE]]
@@ -51,9 +53,7 @@ for _var, _name in _FOLDERS:
 
 import pytest  # noqa: E402
 
-from tests.support import cpu_fp16  # noqa: E402
-
-if os.environ["HALFSAFE_TEST_CPU_FP16"] == cpu_fp16.VALUE:
+if os.environ[cpu_fp16.ENV] == cpu_fp16.VALUE:
     cpu_fp16.install()
 
 

@@ -2,8 +2,8 @@
 in the suite's own process (`tests/support/cpu_fp16.py`), once torch is imported.
 
 On PYTHONPATH only in the tests' environment (`tests/conftest.py`), and only while
-HALFSAFE_TEST_CPU_FP16=fp32-sum: nothing is imported here before the process imports torch
-itself, so a process that never does pays nothing."""
+HALFSAFE_TEST_CPU_FP16=fp32-sum. torch is not imported here: the overrides follow the process's
+own import of torch, so a process that never imports it pays nothing for them."""
 
 from __future__ import annotations
 
@@ -29,21 +29,23 @@ class _AfterTorch(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             run(module)
-            _install()
+            _cpu_fp16.install()
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
-def _install() -> None:
-    tests = str(Path(__file__).resolve().parents[1])
-    sys.path.insert(0, tests)
+def _overrides():
+    """`tests/support/cpu_fp16.py`, imported by its path (no torch is imported with it)."""
+    support = str(Path(__file__).resolve().parents[1])
+    sys.path.insert(0, support)
     try:
         import cpu_fp16
     finally:
-        sys.path.remove(tests)
-    cpu_fp16.install()
+        sys.path.remove(support)
+    return cpu_fp16
 
 
-if os.environ.get("HALFSAFE_TEST_CPU_FP16") == "fp32-sum":
+_cpu_fp16 = _overrides()
+if os.environ.get(_cpu_fp16.ENV) == _cpu_fp16.VALUE:
     sys.meta_path.insert(0, _AfterTorch())
