@@ -54,26 +54,28 @@ def test_products_in_fp16_are_the_exact_sums_rounded_once():
     t, tb = randn(64, 8, 2, 2), randn(8)
     v, k3, kb3, t3 = randn(1, 8, 4, 6, 6), randn(4, 8, 3, 3, 3), randn(4), randn(8, 8, 2, 2, 2)
     cases = [
-        # what the suite's code calls; torch's own fp16 kernel where the overrides leave one
-        (lambda a, w: a @ w.t(), (a, w), 320, lambda: aten.mm.out(a, w.t(), out=_empty())),
-        (F.linear, (a, w, bias), 321, lambda: aten.addmm.out(bias, a, w.t(), out=_empty())),
+        # What the suite's code calls, then torch's own scalar fp16 kernel where the overrides
+        # leave one to call. Not for the matrix products: on a CPU with fp16 kernels their
+        # `out=` variants run oneDNN, whose sums this test need not hold.
+        (lambda a, w: a @ w.t(), (a, w), 320, None),
+        (F.linear, (a, w, bias), 321, None),
         (
             lambda b, a, w: torch.addmm(b, a, w.t(), beta=0.5, alpha=2),
             (bias, a, w),
             321,
-            lambda: aten.addmm.out(bias, a, w.t(), beta=0.5, alpha=2, out=_empty()),
+            None,
         ),
         (
             lambda q: torch.bmm(q, q.transpose(1, 2)),
             (q,),
             32,
-            lambda: aten.bmm.out(q, q.transpose(1, 2), out=_empty()),
+            None,
         ),
         (
             lambda c, q: torch.baddbmm(c, q, q.transpose(1, 2), beta=0.5, alpha=0.3),
             (c, q),
             33,
-            lambda: aten.baddbmm.out(c, q, q.transpose(1, 2), beta=0.5, alpha=0.3, out=_empty()),
+            None,
         ),
         (
             lambda x, k, b: F.conv2d(x, k, b, stride=2, padding=1),
