@@ -7,14 +7,14 @@ and `conv2d` there in scalar loops that accumulate in fp32, 45 and 70 times slow
 then take hours on such a machine.
 
 `install()` makes those kernels (`mm`, `addmm`, `bmm`, `baddbmm`, and the convolutions in 2D
-and 3D, transposed or not), where every operand is fp16 and on the CPU, upcast their operands to
-fp32, run torch's own fp32 kernel and round the result to fp16 once. That is the exact sum
-in fp32 rounded once, as the scalar loops compute it in another order (and as a GPU's fp16
-matmul does): within half a unit in fp16's last place plus the fp32 sum's own error, `inf`
-where the sum passes 65504 (`tests/unit/test_cpu_fp16.py` holds these to that bound, and
-torch's scalar convolutions too; its transposed ones round twice). Every other dtype and every other device keep torch's
-own kernels: fp32 and bf16 calls run as before, through the variants with an `out=` tensor,
-which these overrides leave alone.
+and 3D, transposed or not), where every operand is fp16 and on the CPU, upcast their
+operands to fp32, run torch's own fp32 kernel and round the result to fp16 once. That is the
+exact sum in fp32 rounded once, as the scalar loops compute it in another order (and as a
+GPU's fp16 matmul does): within half a unit in fp16's last place plus the fp32 sum's own
+error, `inf` where the sum passes 65504 (`tests/unit/test_cpu_fp16.py` holds these to that
+bound, and torch's scalar convolutions too; its transposed ones round twice). Every other
+dtype and every other device keep torch's own kernels: fp32 and bf16 calls run as before,
+through the variants with an `out=` tensor, which these overrides leave alone.
 
 Subprocesses get it too: `tests/conftest.py` puts `site/` on PYTHONPATH, whose
 `sitecustomize` installs this once torch is imported (`HALFSAFE_TEST_CPU_FP16=fp32-sum`).
