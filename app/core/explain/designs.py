@@ -38,6 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.images.channels import channel_all, channel_mean, channel_sum, pixel_dot
+
 # Evidence: a fault is claimed only with one of these; the keys name it in the JSON.
 WHOLE = 0.99  # of the pixels: one exact colour over the whole picture
 EQUAL_DRAWN = 0.3
@@ -95,8 +97,8 @@ def _centre(rgb):
 
 def equal_share(rgb) -> float:
     """The share of neighbouring pixels exactly alike, the lower of rows and columns."""
-    across = (rgb[:, 1:] == rgb[:, :-1]).all(axis=-1)
-    down = (rgb[1:] == rgb[:-1]).all(axis=-1)
+    across = channel_all(rgb[:, 1:] == rgb[:, :-1])
+    down = channel_all(rgb[1:] == rgb[:-1])
     if not across.size or not down.size:
         return 1.0
     return float(min(across.mean(), down.mean()))
@@ -107,7 +109,7 @@ def normal_share(rgb) -> float:
     import numpy as np
 
     vectors = rgb.astype(np.float32) / 127.5 - 1.0
-    length = np.sqrt((vectors * vectors).sum(axis=-1))
+    length = np.sqrt(channel_sum(vectors * vectors))
     return float(((np.abs(length - 1.0) <= _UNIT) & (rgb[..., 2] >= 127)).mean())
 
 
@@ -117,13 +119,13 @@ def independence(rgb) -> float:
 
     unit = rgb.astype(np.float32) / 255.0
     centred = unit - unit.mean(axis=(0, 1))
-    variance = float((centred * centred).sum(axis=-1).mean())
+    variance = pixel_dot(centred, centred)
     if variance <= 0:
         return 1.0
     found = 0.0
     for lag in (1, 2, 3, 4):
         for a, b in ((centred[:, :-lag], centred[:, lag:]), (centred[:-lag], centred[lag:])):
-            found = max(found, abs(float((a * b).sum(axis=-1).mean()) / variance))
+            found = max(found, abs(pixel_dot(a, b) / variance))
     return found
 
 
@@ -140,8 +142,8 @@ def zero_latent_band(rgb, flat) -> bool:
         return False
     outside = np.ones((height, width), bool)
     outside[y0:y1, x0:x1] = False
-    across = (rgb[:, 1:] == rgb[:, :-1]).all(axis=-1)[outside[:, 1:] & outside[:, :-1]]
-    down = (rgb[1:] == rgb[:-1]).all(axis=-1)[outside[1:] & outside[:-1]]
+    across = channel_all(rgb[:, 1:] == rgb[:, :-1])[outside[:, 1:] & outside[:, :-1]]
+    down = channel_all(rgb[1:] == rgb[:-1])[outside[1:] & outside[:-1]]
     pairs = across.size + down.size
     return pairs > 0 and float(across.sum() + down.sum()) / pairs <= BAND_ALIKE
 
@@ -151,7 +153,7 @@ def _one_clipped_colour(rgb) -> bool:
     import numpy as np
 
     codes = (rgb[..., 0] // 255) * 4 + (rgb[..., 1] // 255) * 2 + rgb[..., 2] // 255
-    clipped = ((rgb == 0) | (rgb == 255)).all(axis=-1)
+    clipped = channel_all((rgb == 0) | (rgb == 255))
     counts = np.bincount(codes[clipped].astype(np.int64).ravel(), minlength=8)
     return float(counts.max()) >= WHOLE * clipped.size
 
@@ -198,10 +200,10 @@ def within_tiles(rgb, tiled) -> tuple[float, float]:
         steps = steps[~near_rows][:, ~near]
     if not steps.size:
         return 0.0, 0.0
-    brightness = steps.mean(axis=-1)
-    colour_part = ((steps - brightness[..., None]) ** 2).sum(axis=-1)
+    brightness = channel_mean(steps)
+    colour_part = channel_sum((steps - brightness[..., None]) ** 2)
     brightness_part = 3 * brightness**2
-    size = np.sqrt((steps**2).mean(axis=-1))
+    size = np.sqrt(channel_mean(steps**2))
     noisy = (colour_part > brightness_part) & (size >= WITHIN_STEP)
     return float(noisy.mean()), float(np.median(size))
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.images.channels import channel_mean, pixel_dot
+
 TILE_PERIODS = (8, 16, 32, 64, 128)
 # Repeat: the correlation at the period at least REPEAT, and at least REPEAT_PEAK above the
 # higher of the two a quarter-period either side. Measured: repeated tiles (noise per pixel,
@@ -263,7 +265,7 @@ def _blocks(unit, steps: tuple[Any, Any], period: int) -> float:
         return 0.0
     if min(across.contrast, down.contrast) < BLOCK_CONTRAST:
         return 0.0
-    if _blocks_alike(unit.mean(axis=-1), period, down.offset, across.offset) > BLOCK_ALIKE:
+    if _blocks_alike(channel_mean(unit), period, down.offset, across.offset) > BLOCK_ALIKE:
         return 0.0
     return share
 
@@ -276,7 +278,7 @@ def tiled(rgb) -> Tiled | None:
     if unit is None:
         return None
     centred = unit - unit.mean(axis=(0, 1))
-    variance = float((centred * centred).sum(axis=-1).mean())
+    variance = pixel_dot(centred, centred)
     if variance < 1e-6:
         return None
     periods = [p for p in TILE_PERIODS if 4 * p <= min(unit.shape[:2])]
@@ -307,7 +309,7 @@ def static(rgb) -> Static | None:
         return None
     unit = crop.astype(np.float32) / 255.0
     centred = unit - unit.mean(axis=(0, 1))
-    variance = float((centred * centred).sum(axis=-1).mean())
+    variance = pixel_dot(centred, centred)
     if variance < 1e-6:
         return None
     neighbours = max(_lagged(centred, 1, 1, variance), _lagged(centred, 1, 0, variance))
@@ -333,10 +335,10 @@ def false_colour(rgb) -> FalseColour | None:
     if cast < FALSE_CAST:
         return None
     pixels = (unit - mean).reshape(-1, 3)
-    luminance = pixels.mean(axis=-1, keepdims=True)
+    luminance = channel_mean(pixels)[..., None]
     hue = pixels - luminance
     brightness_part = float((luminance**2).mean()) * 3
-    hue_part = float((hue**2).sum(axis=-1).mean())
+    hue_part = pixel_dot(hue, hue)
     ratio = hue_part / brightness_part if brightness_part > 0 else float("inf")
     if ratio < FALSE_HUE:
         return None

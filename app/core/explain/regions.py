@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.explain.signatures import NOISE_COLOUR, NOISE_STRUCTURE, noise
+from app.core.images.channels import channel_mean, channel_sum
 
 CELL = 32
 MIN_SIDE = 128  # px, each side of the box (the structure figure averages 64 px blocks)
@@ -82,8 +83,8 @@ def _cells(rgb):
     for row in range(rows):
         strip = rgb[row * CELL : (row + 1) * CELL, :width].astype(np.float32) / 255.0
         steps = np.diff(strip, axis=1)
-        step_brightness = steps.mean(axis=-1)
-        colour_part = ((steps - step_brightness[..., None]) ** 2).sum(axis=-1)
+        step_brightness = channel_mean(steps)
+        colour_part = channel_sum((steps - step_brightness[..., None]) ** 2)
         brightness_part = 3 * step_brightness**2
         # Each cell's own steps: the step across a cell's right edge is left out.
         colour_part = np.pad(colour_part, ((0, 0), (0, 1)))

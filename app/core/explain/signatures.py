@@ -50,6 +50,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.images.channels import channel_all, channel_mean, pixel_dot
+
 # Saturated: at least this share of the pixels has every channel at 0 or 255, and not all are
 # 0 (that is NaN-black). A clipped white background, however large, leaves the subject.
 SATURATED_SHARE = 0.999
@@ -114,7 +116,7 @@ def saturated(rgb) -> Saturated | None:
     rgb = np.asarray(rgb)
     if rgb.ndim != 3 or rgb.shape[-1] != 3 or not rgb.size:
         return None
-    clipped = ((rgb == 0) | (rgb == 255)).all(axis=-1)
+    clipped = channel_all((rgb == 0) | (rgb == 255))
     share = float(clipped.mean())
     if share < SATURATED_SHARE or not rgb.any():
         return None
@@ -138,15 +140,16 @@ def noise(rgb) -> Noise | None:
     crop = rgb[top : top + _CROP, left : left + _CROP].astype(np.float32) / 255.0
     rows, columns = (crop.shape[0] // _BLOCK) * _BLOCK, (crop.shape[1] // _BLOCK) * _BLOCK
     crop = crop[:rows, :columns]
-    brightness = crop.mean(axis=-1)
+    brightness = channel_mean(crop)
     variance = float(brightness.var())
     if variance < 1e-8:
         return None
     blocks = brightness.reshape(rows // _BLOCK, _BLOCK, columns // _BLOCK, _BLOCK).mean((1, 3))
     structure = float(blocks.var()) / variance
     steps = np.diff(crop, axis=1)
-    step_brightness = steps.mean(axis=-1)
-    colour_part = float(((steps - step_brightness[..., None]) ** 2).sum(axis=-1).mean())
+    step_brightness = channel_mean(steps)
+    colour_steps = steps - step_brightness[..., None]
+    colour_part = pixel_dot(colour_steps, colour_steps)
     brightness_part = float((step_brightness**2).mean()) * 3
     colour = colour_part / brightness_part if brightness_part > 0 else 0.0
     return Noise(structure, colour, correlation(crop))
@@ -158,7 +161,7 @@ def correlation(unit) -> float:
     the rows, the columns and both diagonals of the channels' products against their variance
     (-1..1; 0 for a picture without variance)."""
     centred = unit - unit.mean(axis=(0, 1))
-    variance = float((centred * centred).sum(axis=-1).mean())
+    variance = pixel_dot(centred, centred)
     if variance <= 0:
         return 0.0
     side = min(centred.shape[:2])
@@ -171,6 +174,6 @@ def correlation(unit) -> float:
             (centred[:-step, :-step], centred[step:, step:]),
             (centred[:-step, step:], centred[step:, :-step]),
         )
-        products = [float((a * b).sum(axis=-1).mean()) for a, b in pairs]
+        products = [pixel_dot(a, b) for a, b in pairs]
         found.append(sum(products) / len(products) / variance)
     return min(found)

@@ -14,6 +14,7 @@ from typing import Any
 
 from app.core.errors import BadFileError, HalfSafeError
 from app.core.files import write_atomic
+from app.core.images.channels import channel_all
 from app.core.limits import MAX_PIXELS as MAX_PIXELS  # the bound on a picture, read here too
 
 # Bounds on an image file HalfSafe reads (one to explain, an input picture), checked before it
@@ -199,7 +200,7 @@ def flat_region(rgb, where=None) -> FlatRegion | None:
         colour = (int(code >> 16), int((code >> 8) & 255), int(code & 255))
         if all(c in _CLIPPED for c in colour):
             continue
-        same = np.all(rgb == np.array(colour, dtype=rgb.dtype), axis=-1)
+        same = channel_all(rgb == np.array(colour, dtype=rgb.dtype))
         if where is not None:
             same &= where
         share = float(same.sum() / (where.sum() if where is not None else same.size))
