@@ -83,9 +83,10 @@ say "types (pyright, standard, over app/; see [tool.pyright] in pyproject.toml)"
 "$bin/pyright" --pythonpath "$bin/python"
 
 # The tests run on every core (pytest-xdist; `-n auto` is one worker per core): they are
-# independent of each other and of the order they run in. The slowest are listed at the end,
-# so that the run's time stays in view.
-parallel=(-n auto --durations=25)
+# independent of each other and of the order they run in. Tests marked with one
+# `xdist_group` run on one worker, so that what they measure once per process is measured
+# once. The slowest are listed at the end, so that the run's time stays in view.
+parallel=(-n auto --dist loadgroup --durations=25)
 
 say "tests"
 set +e

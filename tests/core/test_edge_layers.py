@@ -324,11 +324,23 @@ def _own_form(name: str) -> str:
     return "single_file" if name in ("sd", "sdxl") else "split_files"
 
 
+def _family(name: str) -> pytest.MarkDecorator:
+    """One worker for a family's cases under the test command's `--dist loadgroup`, so that
+    its edges' peaks (`edge_peaks`, an fp32 check) are measured once, not once per worker."""
+    return pytest.mark.xdist_group(f"edges-{name}")
+
+
 # The overflow HalfSafe's users met in FLUX.3 Klein's files: in the text embedder (BFL's
 # txt_in), in bf16 split files and in ComfyUI's int8 ConvRot download.
 DEFAULT = [
-    pytest.param("flux3klein", "context_embedder", "split_files", id="flux3klein-text-bf16"),
-    pytest.param("flux3klein", "context_embedder", "int8-convrot", id="flux3klein-text-convrot"),
+    pytest.param(
+        "flux3klein",
+        "context_embedder",
+        form,
+        id=f"flux3klein-text-{label}",
+        marks=_family("flux3klein"),
+    )
+    for form, label in (("split_files", "bf16"), ("int8-convrot", "convrot"))
 ]
 
 
@@ -339,7 +351,11 @@ def _every_edge():
         for kind, layer in edges.items():
             if (name, layer, _own_form(name)) not in ran:
                 yield pytest.param(
-                    name, layer, _own_form(name), id=f"{name}-{kind}", marks=pytest.mark.slow
+                    name,
+                    layer,
+                    _own_form(name),
+                    id=f"{name}-{kind}",
+                    marks=[pytest.mark.slow, _family(name)],
                 )
 
 
@@ -356,7 +372,11 @@ def _every_form():
             if (name, edges[kind], form) in {tuple(p.values) for p in DEFAULT}:
                 kind = kinds[(index + 1) % len(kinds)]
             yield pytest.param(
-                name, edges[kind], form, id=f"{name}-{kind}-{form}", marks=pytest.mark.slow
+                name,
+                edges[kind],
+                form,
+                id=f"{name}-{kind}-{form}",
+                marks=[pytest.mark.slow, _family(name)],
             )
 
 

@@ -60,6 +60,7 @@ from tests.support.family_helpers import (
     same_weights,
 )
 from tests.support.family_rows import ROWS, Row, loaded, planted
+from tests.support.golden import cpu_bf16_class
 from tests.support.model_files import save_split_files
 
 # --- the rows ------------------------------------------------------------------------------
@@ -111,9 +112,12 @@ def test_the_readmes_families_table_has_a_row_for_every_family_and_names_only_th
 
 
 def _each(rows: Mapping[str, Row], what: Callable[[Row], Mapping[str, Any]]):
-    """pytest params of (row name, item) for every row's items, named row-item."""
+    """pytest params of (row name, item) for every row's items, named row-item; slow where
+    the row's checks are."""
     return [
-        pytest.param(key, item, id=f"{key}-{name}")
+        pytest.param(
+            key, item, id=f"{key}-{name}", marks=[pytest.mark.slow] if row.slow_checks else []
+        )
         for key, row in rows.items()
         for name, item in what(row).items()
     ]
@@ -405,6 +409,12 @@ def test_a_planted_overflow_is_found_and_only_what_failed_is_fixed_resident_or_s
         # ...and chosen: those layers wider, the rest of the component in fp16.
         assert fix.settings == plant.known.settings
         assert (fixed.dtypes[component], fixed.islands(component)) == ("fp16", plant.known.islands)
+
+    # The CPU's bf16 class changes what is asked above (the fix's layers kept in bf16 or in
+    # fp32); the second pass, as on a CPU without native bf16 (installer/run-tests.sh), ends
+    # here, and the run under the fix and the streamed check below are the first pass's.
+    if cpu_bf16_class() == "emulated":
+        return
 
     # Proof by re-running: the whole check under the fix's settings is healthy.
     settings = PrecisionSettings.from_mapping({**FP16.to_dict(), **fix.settings})

@@ -64,6 +64,7 @@ class Row:
     repairs: tuple[Repair, ...]
     sampler: str  # the PNG's sampler and guidance for a request at {cfg}
     slow_folder: bool = False  # writing and reading its folder takes many seconds here
+    slow_checks: bool = False  # its planted checks take minutes here (40 blocks to walk)
     # Components run in fp32 when fp16 is asked for, as the model's own config says (SDXL's
     # original VAE asks for it through `force_upcast`).
     fp32: tuple[str, ...] = ()
@@ -421,6 +422,7 @@ ROWS: dict[str, Row] = {
         (Repair(ANIMA_LAST_BLOCK, 4.0),),
         FLOW,
         slow_folder=True,  # saving and loading a 151,669-token embedding, as Anima's
+        slow_checks=True,
     ),
     FamilyId("flux3"): Row(
         tiny_models.build_tiny_flux3_pipeline,
