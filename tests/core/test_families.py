@@ -422,6 +422,10 @@ def test_a_planted_overflow_is_found_and_only_what_failed_is_fixed_resident_or_s
     assert again.verdict == "healthy"
 
     # Streamed block by block (a budget below any part's stored bytes): the same layer and fix.
+    # Every component streams whichever holds the plant, so the family's first plant (its
+    # denoiser's) stands for its others.
+    if plant is not next(iter(ROWS[name].plants.values())):
+        return
     streamed = check(loaded(planted(name, plant), name, "streamed"), STREAMED)
     assert plant.component in streamed.to_json()["memory"]["streamed"]  # a block at a time
     assert streamed.verdict == "fixable"
