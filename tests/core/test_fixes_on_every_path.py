@@ -25,6 +25,7 @@ from app.core.images.pictures import Mode
 from app.core.precision import placement
 from app.core.settings import PrecisionSettings
 from tests.support import tiny_models
+from tests.support.edit_checks import smaller_qwenimage21_pictures  # noqa: F401 - a fixture
 from tests.support.family_helpers import (
     in_memory,
     offline,  # noqa: F401 - an autouse fixture: no network
@@ -179,6 +180,8 @@ def _cases():
             yield pytest.param(key, kind, id=f"{key}-{kind.replace(' ', '-')}", marks=marks)
 
 
+# Qwen-Image 2.1 reads each picture at a reduced area here (`QWENIMAGE21_EDIT_SIZE`).
+@pytest.mark.usefixtures("smaller_qwenimage21_pictures")
 @pytest.mark.parametrize(("path_key", "kind"), list(_cases()))
 def test_every_kind_of_fix_runs_on_every_path_in_the_dtypes_it_names(
     path_key, kind, pictures, placements, tmp_path

@@ -27,6 +27,7 @@ from tests.support.edit_checks import (
     edit_request,
     first_transformer_call,
     plant,
+    smaller_qwenimage21_pictures,  # noqa: F401 - a fixture, used by every test here
 )
 from tests.support.family_helpers import (
     FP16,
@@ -37,6 +38,10 @@ from tests.support.family_helpers import (
 QWEN21 = family(FamilyId("qwenimage21"))
 BLOCK = "transformer_blocks.0.img_mlp.out"  # a block's feed-forward output
 ENCODER_LAYER = "encoder.down_blocks.0.resnets.0.conv1"  # the VAE encoder's first block's conv
+
+
+# Each picture read at 256 px square's area, not a megapixel (`QWENIMAGE21_EDIT_SIZE`).
+pytestmark = pytest.mark.usefixtures("smaller_qwenimage21_pictures")
 
 
 @pytest.fixture
@@ -118,7 +123,7 @@ def test_the_probe_reads_the_pictures_as_the_pipeline_hands_them_to_the_transfor
     assert "encode_prompt" not in vars(pipeline) and "encode_prompt" in vars(twin)
 
 
-@pytest.mark.slow  # 30-50 s here: each picture read at a megapixel, checked in fp32 too
+@pytest.mark.slow  # each picture read at a reduced area (see pytestmark), in fp32 too
 def test_a_healthy_model_is_checked_on_the_edit_path_in_fp16(references):
     report = edit_check(_model(), references)
     assert list(report.components) == ["text_encoder", "vae_encoder", "transformer", "vae"]
@@ -126,7 +131,7 @@ def test_a_healthy_model_is_checked_on_the_edit_path_in_fp16(references):
     assert report.plan.dtypes["transformer"] == "fp16"
 
 
-@pytest.mark.slow  # 30-50 s here: each picture read at a megapixel, checked in fp32 too
+@pytest.mark.slow  # each picture read at a reduced area (see pytestmark), in fp32 too
 def test_a_planted_transformer_overflow_in_an_edit_is_found_at_its_layer_and_fixed_there(
     references,
 ):
@@ -143,7 +148,7 @@ def test_a_planted_transformer_overflow_in_an_edit_is_found_at_its_layer_and_fix
     assert changed(report) == {"transformer"}
 
 
-@pytest.mark.slow  # 30-50 s here: each picture read at a megapixel, checked in fp32 too
+@pytest.mark.slow  # each picture read at a reduced area (see pytestmark), in fp32 too
 def test_a_planted_encoder_overflow_in_an_edit_is_found_as_the_vae_encoder_and_fixed(references):
     model = _model()
     plant(model.pipeline, "vae", ENCODER_LAYER)
@@ -185,7 +190,7 @@ def test_the_pictures_change_what_is_drawn(tmp_path, references):
     assert np.abs(made[0] - made[1]).max() > 0
 
 
-@pytest.mark.slow  # about 20 s here: each picture read at a megapixel
+@pytest.mark.slow  # a generation and its repair, each picture read as above
 @pytest.mark.parametrize(
     ("component", "layer", "status_of"),
     [("transformer", BLOCK, "transformer"), ("vae", ENCODER_LAYER, "vae_encoder")],

@@ -427,7 +427,12 @@ class QwenImage21Family(Editing, PipelinePrompts, ShiftedSigmas, Family):
             if prefix + "prompt_embeds" in given
         }
         object.__setattr__(pipeline, "encode_prompt", _EncodedPrompt(pipeline, pads))
-        return {**given, "image": list(pictures.references)}
+        # The size it reads the pictures at, named: the one `_as_read` reads them at.
+        return {
+            **given,
+            "image": list(pictures.references),
+            "output_resolution": QWENIMAGE21_SIZE,
+        }
 
     def encode_pixels(self, vae, pixels):
         """A condition picture (1, 4, H, W) as one frame through the VAE's encoder, the mode
