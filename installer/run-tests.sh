@@ -27,12 +27,6 @@ sh installer/halfsafe.sh --setup-only --dev
 venv="$(sh installer/halfsafe.sh --where)"
 bin="$venv/bin"
 
-# Types (pyright, standard, over app/; see [tool.pyright] in pyproject.toml), checked beside
-# ComfyUI's set-up below, which mostly waits on unpacking: its verdict is read before the tests.
-types_log="$(mktemp)"
-"$bin/pyright" --pythonpath "$bin/python" >"$types_log" 2>&1 &
-types_pid=$!
-
 # ComfyUI for the node package's tests (tests/comfyui): its source from ../shared/vendor and a
 # second environment like a user's ComfyUI one (its pure-Python requirements, HalfSafe installed
 # there without the window). Cached in .comfyui-test/ (ignored by git; HALFSAFE_COMFYUI_CACHE
@@ -86,11 +80,7 @@ for d in app tests installer benchmarks tools; do [ -d "$d" ] && lint_paths+=("$
 "$bin/ruff" check "${lint_paths[@]}"
 "$bin/lint-imports"
 say "types (pyright, standard, over app/; see [tool.pyright] in pyproject.toml)"
-types_status=0
-wait "$types_pid" || types_status=$?
-cat "$types_log"
-rm -f "$types_log"
-[ $types_status -ne 0 ] && exit $types_status
+"$bin/pyright" --pythonpath "$bin/python"
 
 # The tests run on every core (pytest-xdist; `-n auto` is one worker per core): they are
 # independent of each other and of the order they run in. Tests marked with one
