@@ -257,6 +257,7 @@ def _outputs(expected, pipeline, timesteps) -> list[Any]:
     return [*(conditioning[k] for k in sorted(conditioning)), latents, pixels]
 
 
+@pytest.mark.class_free
 @pytest.mark.parametrize("name", FOLDERS)
 def test_a_diffusers_folder_loads_back_offline_as_its_family_with_identical_outputs(tmp_path, name):
     row = ROWS[name]
@@ -291,6 +292,7 @@ def test_a_diffusers_folder_loads_back_offline_as_its_family_with_identical_outp
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.class_free
 @pytest.mark.parametrize("name", SPLIT)
 def test_its_files_as_comfyui_keeps_them_load_offline_with_identical_weights_and_outputs(
     tmp_path, name
@@ -345,6 +347,7 @@ def test_its_files_as_comfyui_keeps_them_load_offline_with_identical_weights_and
 # --- the health check ----------------------------------------------------------------------
 
 
+@pytest.mark.class_free
 def test_the_healthy_model_is_healthy_in_fp16_and_every_component_is_probed(built):
     expected, pipeline, row_name = built
     row = ROWS[row_name]
@@ -493,6 +496,7 @@ def test_generation_with_the_nan_watch_repairs_a_planted_overflow(tmp_path, name
     assert json.loads(json.dumps(result.to_json()))["images"][0]["status"] == "fixed"
 
 
+@pytest.mark.class_free
 def test_a_healthy_generation_is_ok_with_previews_of_its_pictures_shape(built, tmp_path):
     expected, pipeline, row_name = built
     row = ROWS[row_name]

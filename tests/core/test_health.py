@@ -377,6 +377,7 @@ def _cli(*args, cwd=None):
     )
 
 
+@pytest.mark.class_free  # exit statuses, a verdict and a layer: no fix is read
 def test_cli_exit_statuses(tmp_path):
     healthy = _cli("check", "demo", "--json")
     assert healthy.returncode == 0, healthy.stderr
