@@ -83,10 +83,11 @@ say "types (pyright, standard, over app/; see [tool.pyright] in pyproject.toml)"
 "$bin/pyright" --pythonpath "$bin/python"
 
 # The tests run on every core (pytest-xdist; `-n auto` is one worker per core): they are
-# independent of each other and of the order they run in. Tests marked with one
-# `xdist_group` run on one worker, so that what they measure once per process is measured
-# once. The slowest are listed at the end, so that the run's time stays in view.
-parallel=(-n auto --dist loadgroup --durations=25)
+# independent of each other and of the order they run in. The slowest are listed at the end,
+# so that the run's time stays in view. (Not `--dist loadgroup`: it hands the tests out one
+# at a time, and each worker then set up the ComfyUI tests' module fixtures, a released-width
+# file's run each, again: twice the time.)
+parallel=(-n auto --durations=25)
 
 say "tests"
 set +e

@@ -325,22 +325,10 @@ def _own_form(name: str) -> str:
     return "single_file" if name in ("sd", "sdxl") else "split_files"
 
 
-def _family(name: str) -> pytest.MarkDecorator:
-    """One worker for a family's cases under the test command's `--dist loadgroup`, so that
-    its edges' peaks (`edge_peaks`, an fp32 check) are measured once, not once per worker."""
-    return pytest.mark.xdist_group(f"edges-{name}")
-
-
 # The overflow HalfSafe's users met in FLUX.3 Klein's files: in the text embedder (BFL's
 # txt_in), in bf16 split files and in ComfyUI's int8 ConvRot download.
 DEFAULT = [
-    pytest.param(
-        "flux3klein",
-        "context_embedder",
-        form,
-        id=f"flux3klein-text-{label}",
-        marks=_family("flux3klein"),
-    )
+    pytest.param("flux3klein", "context_embedder", form, id=f"flux3klein-text-{label}")
     for form, label in (("split_files", "bf16"), ("int8-convrot", "convrot"))
 ]
 
@@ -356,7 +344,7 @@ def _every_edge():
                     layer,
                     _own_form(name),
                     id=f"{name}-{kind}",
-                    marks=[pytest.mark.slow, _family(name)],
+                    marks=pytest.mark.slow,
                 )
 
 
@@ -377,7 +365,7 @@ def _every_form():
                 edges[kind],
                 form,
                 id=f"{name}-{kind}-{form}",
-                marks=[pytest.mark.slow, _family(name)],
+                marks=pytest.mark.slow,
             )
 
 
