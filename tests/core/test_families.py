@@ -50,9 +50,11 @@ from app.core.families import (
     family_of_architecture,
 )
 from app.core.formats.layouts import to_diffusers, to_original
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.models import split
 from app.core.settings import PrecisionSettings
 from app.core.words.infotext import SETTING_KEYS
+from tests.support import cost_oracle
 from tests.support.family_helpers import (
     FP16,
     check,
@@ -60,7 +62,7 @@ from tests.support.family_helpers import (
     same_weights,
 )
 from tests.support.family_rows import ROWS, Row, loaded, planted
-from tests.support.golden import cpu_bf16_class
+from tests.support.golden import ROWS_WITHOUT_RECORDS, check_against_golden, cpu_bf16_class
 from tests.support.model_files import save_split_files
 
 # --- the rows ------------------------------------------------------------------------------
@@ -375,11 +377,21 @@ def test_the_healthy_model_is_healthy_in_fp16_and_every_component_is_probed(buil
 
 @pytest.mark.parametrize(("name", "plant"), PLANTED)
 def test_a_planted_overflow_is_found_and_only_what_failed_is_fixed_resident_or_streamed(
-    name, plant
+    monkeypatch, name, plant
 ):
     component, layer = plant.component, plant.layer
 
-    report = check(loaded(planted(name, plant), name, "planted"))
+    # The check in fp16 answers as its golden record (tests/golden/; test_golden_reports.py
+    # holds the record's other precisions), its fix's cost the injected oracle's.
+    (key,) = [k for k, p in ROWS[name].plants.items() if p is plant]
+    cost_oracle.inject(monkeypatch)
+    report = health.check_loaded(
+        loaded(planted(name, plant), name, key),
+        CheckRequest(precision=FP16, device="cpu", size=64),
+        run=CheckRun(remember=False, measure_cost=True),
+    )
+    if name not in ROWS_WITHOUT_RECORDS:
+        check_against_golden(report, f"{name}-{key}", "fp16")
 
     assert report.verdict == "fixable"
     assert list(report.components) == list(ROWS[name].components)
