@@ -53,7 +53,18 @@ def test_products_in_fp16_are_the_exact_sums_rounded_once():
     x, k, kb = randn(1, 64, 16, 16, scale=4), randn(32, 64, 3, 3), randn(32)
     t, tb = randn(64, 8, 2, 2), randn(8)
     v, k3, kb3, t3 = randn(1, 8, 4, 6, 6), randn(4, 8, 3, 3, 3), randn(4), randn(8, 8, 2, 2, 2)
+    # A weight past cpu_fp16.WIDE elements, widened a slice of columns at a time.
+    ta, tw, tbias = randn(5, 1100, scale=4), randn(1000, 1100), randn(1000)
+    assert tw.numel() > cpu_fp16.WIDE and tw.shape[0] > cpu_fp16.COLUMNS
     cases = [
+        (lambda a, w: a @ w.t(), (ta, tw), 1100, None),
+        (F.linear, (ta, tw, tbias), 1101, None),
+        (
+            lambda b, a, w: torch.addmm(b[None], a, w.t(), beta=0.5, alpha=2),
+            (tbias, ta, tw),
+            1101,
+            None,
+        ),
         # What the suite's code calls, then torch's own scalar fp16 kernel where the overrides
         # leave one to call. Not for the matrix products: on a CPU with fp16 kernels their
         # `out=` variants run oneDNN, whose sums this test need not hold.
