@@ -5,9 +5,6 @@ HalfSafe Check (`check`) on it, and prints what the node did as one JSON object 
 line.
 
     python drive_dit_store.py COMFYUI_FOLDER NODE_PACKAGE_FOLDER TRANSFORMER_FILE fix|check
-        [--fp16-unet]
-
-`--fp16-unet` is ComfyUI's own option (Qwen-Image's supported dtypes leave fp16 out).
 
 The store the nodes read and write is HalfSafe's (`HALFSAFE_DATA_DIR`), which the desktop's
 `halfsafe check` of the same file, with its companions beside it, reads and writes in the test
@@ -27,12 +24,8 @@ SIZE = 64
 def main() -> None:
     comfy_folder, package_folder, transformer = (Path(a) for a in sys.argv[1:4])
     action = sys.argv[4]
-    fp16_unet = "--fp16-unet" in sys.argv
     drive.start_comfy(comfy_folder)  # sets ComfyUI's own arguments in sys.argv
-    import comfy.cli_args
     import comfy.sd
-
-    comfy.cli_args.args.fp16_unet = fp16_unet
 
     model = comfy.sd.load_diffusion_model(str(transformer))
     nodes = drive.load_package(package_folder).NODE_CLASS_MAPPINGS

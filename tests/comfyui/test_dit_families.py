@@ -8,6 +8,10 @@ query projection past fp16's range, finite in fp32) and one healthy file per Com
 Qwen-Image runs in fp16 only with ComfyUI's `--fp16-unet` (its supported dtypes leave fp16 out),
 as a user on a card without bf16 runs it.
 
+For Qwen-Image, Z-Image and Chroma, `halfsafe check` on the desktop checks the same planted
+file with tiny companions beside it, and names the same layer and fix (the other families'
+agreement is in test_verdicts_agree.py).
+
 Needs HALFSAFE_COMFYUI and HALFSAFE_COMFYUI_PYTHON, as test_nodes.py; skipped without them.
 Each family takes from seconds (Krea 2) to a few minutes (Z-Image, Chroma) on two CPU cores and
 under 5 GB of memory (Z-Image's two 3840-wide blocks and four refiners, 2.2 GB in fp16)."""
@@ -23,7 +27,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.comfyui_env import COMFYUI, NEEDS_COMFYUI, PACKAGE, PYTHON
-from tests.support.comfyui_families import FAMILY_FILES
+from tests.support.comfyui_families import DESKTOP_COMPANIONS, FAMILY_FILES
+from tests.support.desktop_check import desktop_check
 
 ROOT = Path(__file__).resolve().parents[2]
 ZEROS = "No CLIP connected: the text was zeros of the model's own text width."
@@ -43,12 +48,18 @@ HIDDEN = {"chroma", "zimage"}
 pytestmark = NEEDS_COMFYUI
 
 
-def write_files(family: str, folder: Path) -> tuple[Path, Path]:
+def write_files(family: str, folder: Path) -> tuple[Path, Path, Path | None]:
     """The planted and the healthy file, written by a process of their own (a released width's
-    weights are given back to the system before ComfyUI loads them)."""
+    weights are given back to the system before ComfyUI loads them); for the families the
+    desktop checks too (`DESKTOP_COMPANIONS`), the planted one in a models folder with the
+    desktop's companions, and its transformer's config."""
     code = (
-        "import sys; from tests.support.comfyui_families import write_family_file as w; "
-        "print(w(sys.argv[1], sys.argv[2], True)); print(w(sys.argv[1], sys.argv[2], False))"
+        "import sys; from tests.support.comfyui_families import DESKTOP_COMPANIONS, "
+        "write_desktop_folder, write_family_file as w\n"
+        "f, d = sys.argv[1], sys.argv[2]\n"
+        "planted, config = write_desktop_folder(f, d) if f in DESKTOP_COMPANIONS "
+        "else (w(f, d, True), '-')\n"
+        "print(planted, w(f, d, False), config)"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, family, str(folder)],
@@ -58,15 +69,15 @@ def write_files(family: str, folder: Path) -> tuple[Path, Path]:
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    planted, healthy = done.stdout.split()
-    return Path(planted), Path(healthy)
+    planted, healthy, config = done.stdout.split()
+    return Path(planted), Path(healthy), None if config == "-" else Path(config)
 
 
 @pytest.fixture(scope="module", params=list(FAMILY_FILES))
 def driven(request, tmp_path_factory) -> tuple[str, dict]:
     family = request.param
     work = tmp_path_factory.mktemp(f"comfyui_{family}")
-    planted, healthy = write_files(family, work)
+    planted, healthy, config = write_files(family, work)
     command = [PYTHON, str(Path(__file__).with_name("drive_families.py")), COMFYUI, str(PACKAGE)]
     command += [str(planted), str(healthy)] + (["--fp16-unet"] if family in FP16_UNET else [])
     try:
@@ -78,11 +89,16 @@ def driven(request, tmp_path_factory) -> tuple[str, dict]:
             env={**os.environ, "HALFSAFE_DATA_DIR": str(work / "data")},
             cwd=work,
         )
+        assert done.returncode == 0, done.stderr[-4000:]
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        if config is not None:  # `halfsafe check` on the same planted file, in its own home
+            (work / "desktop").mkdir()
+            found["desktop"] = desktop_check(planted, work / "desktop")
+            found["desktop_config"] = json.loads(config.read_text(encoding="utf-8"))
     finally:  # up to 2.2 GB a file: not kept for the session's end
         planted.unlink()
         healthy.unlink()
-    assert done.returncode == 0, done.stderr[-4000:]
-    return family, json.loads(done.stdout.strip().splitlines()[-1])
+    return family, found
 
 
 def test_comfyui_loads_the_file_as_the_family_in_fp16_using_every_tensor(driven):
@@ -126,3 +142,45 @@ def test_a_healthy_file_of_the_family_is_healthy(driven):
     assert healthy["model"] == found["model"]
     assert healthy["fix"] is None
     assert ZEROS in healthy["text"] and "\nHealthy: every layer stayed finite" in healthy["text"]
+
+
+def test_the_node_and_the_desktop_name_the_same_layer_and_fix(driven):
+    """`halfsafe check` on the planted file, with the tiny companions the desktop loads beside
+    it, gives the node's verdict in diffusers' names: the same first bad layer and a fix inside
+    the node's island, mapped through the layout's key table (`app.core.formats.layer_names`).
+    Krea 2's and Anima's, and the tiny families', are in test_verdicts_agree.py."""
+    from app.core.families.registry import FAMILIES
+    from app.core.formats.layer_names import LayerNames
+
+    family, found = driven
+    if family not in DESKTOP_COMPANIONS:
+        pytest.skip("its desktop check is in test_verdicts_agree.py")
+    report, config = found["desktop"], found["desktop_config"]
+    (layout,) = [f.layout for f in FAMILIES if f.transformer_class == config["_class_name"]]
+    names = LayerNames(layout.table(config))
+
+    assert report["verdict"] == "fixable" and report["fix"]["verified"]
+    assert [n for n, c in report["components"].items() if c.get("first_bad_module")] == [
+        "transformer"
+    ]
+    text, fix = found["check"]["text"], found["check"]["fix"]
+    assert "Checked: diffusion model fixable." in text and fix["component"] is None
+    # The first bad layer: the desktop's, in the file's layout, is the node's.
+    mapped = names.to_original(report["components"]["transformer"]["first_bad_module"])
+    assert mapped is not None and mapped.paths == (FAMILY_FILES[family].comfyui_layer,)
+    # The fix: the node's island holds what the desktop keeps wider or clamps.
+    (island,) = fix["islands"]
+    settings = report["fix"]["settings"]
+    kept = [
+        e.removeprefix("transformer:")
+        for key in ("fp32_modules", "bf16_modules", "clamp_modules")
+        for e in settings.get(key, [])
+    ]
+    assert kept, settings
+    for path in kept:
+        there = names.to_original(path)
+        assert there is not None
+        assert all(p == island or p.startswith(island + ".") for p in there.paths), (path, island)
+    back = names.to_diffusers(island)
+    assert back is not None
+    assert all(any(p == b or p.startswith(b + ".") for b in back.paths) for p in kept), back

@@ -213,11 +213,17 @@ def family_adapter(seed: int = 1):
 def write_family_file(family: str, folder: str | Path, planted: bool) -> Path:
     """A `family` transformer file in fp16 under `folder`, with its query projection planted
     past fp16's range or not."""
+    return _written(family, folder, planted)[0]
+
+
+def _written(family: str, folder: str | Path, planted: bool) -> tuple[Path, dict[str, Any]]:
+    """`write_family_file`'s file, and the transformer's config with its class's name."""
     import torch
 
     from app.core.checkpoint import write_safetensors
 
     transformer = family_transformer(family)
+    config = {**transformer.config, "_class_name": type(transformer).__name__}
     if planted:
         layer = transformer.get_submodule(FAMILY_FILES[family].planted)
         assert isinstance(layer, torch.nn.Linear)
@@ -231,4 +237,39 @@ def write_family_file(family: str, folder: str | Path, planted: bool) -> Path:
         state = load_file(str(path))
         state.update({f"llm_adapter.{k}": v.half() for k, v in adapter.state_dict().items()})
         write_safetensors(path, state)
-    return path
+    return path, config
+
+
+# The tiny text encoder and VAE the desktop loads beside a released-width file, the encoder as
+# wide as the file reads its text: Z-Image's and Chroma's read its width (64 here); Qwen-Image's
+# text input is fixed at Qwen2.5-VL 7B's 3584 (one layer here: 1.3 B parameters, nearly all its
+# vocabulary's and LM head's, in fp16 as Comfy-Org's file).
+DESKTOP_COMPANIONS = {
+    "zimage": ("build_tiny_zimage_pipeline", "tiny_qwen3", {"hidden": 64}),
+    "chroma": ("build_tiny_chroma_pipeline", "tiny_t5", {"hidden": 64}),
+    "qwenimage": ("build_tiny_qwenimage_pipeline", "tiny_qwen25_vl", {"hidden": 3584, "layers": 1}),
+}
+
+
+def write_desktop_folder(family: str, folder: str | Path) -> tuple[Path, Path]:
+    """The planted `family` file in a ComfyUI models folder under `folder` (its
+    diffusion_models/), with the companions the desktop loads it with (`DESKTOP_COMPANIONS`) in
+    their folders; and beside it, the planted transformer's config with its class's name (for
+    the layout's layer names), as JSON. Returns the file and the config's path."""
+    import json
+
+    from tests.support import tiny_models
+    from tests.support.model_files import save_split_files
+
+    models = Path(folder) / "models"
+    (models / "diffusion_models").mkdir(parents=True, exist_ok=True)
+    file, config = _written(family, models / "diffusion_models", True)
+    builder, encoder, sizes = DESKTOP_COMPANIONS[family]
+    pipeline = getattr(tiny_models, builder)()
+    pipeline.text_encoder = getattr(tiny_models, encoder)(2, **sizes)
+    if family == "qwenimage":
+        pipeline.text_encoder.half()
+    save_split_files(pipeline, models, companions_only=True)
+    written = Path(folder) / f"{family}_planted_config.json"
+    written.write_text(json.dumps(config), encoding="utf-8")
+    return file, written

@@ -46,7 +46,13 @@ def save_single_file(
 # Transformer files by pipeline class, the names users' companion files have, and where an
 # all-in-one file (Stability AI's SD3.x) keeps each component.
 def save_split_files(
-    pipeline, root: str | Path, name: str = "model", *, prefix: str = "", single_file: bool = False
+    pipeline,
+    root: str | Path,
+    name: str = "model",
+    *,
+    prefix: str = "",
+    single_file: bool = False,
+    companions_only: bool = False,
 ) -> dict[str, Path]:
     """Write a Flux, Chroma, SD3, Z-Image, Qwen-Image, Flux.2 Klein, Qwen-Image 2.1, Krea 2 or
     Anima pipeline as ComfyUI keeps it under `root` (its models folder): the transformer in its
@@ -59,7 +65,8 @@ def save_split_files(
     (Qwen-Image's: Wan 2.1's; Flux.2's with its batch-norm statistics). With `single_file`
     (SD3), everything goes into one checkpoints/ file as Stability AI ships it
     (model.diffusion_model.*, text_encoders.*.transformer.*, first_stage_model.*). Returns the
-    paths by component ("transformer" for the one file)."""
+    paths by component ("transformer" for the one file). With `companions_only`, the text
+    encoders and the VAE alone (beside a transformer file written otherwise)."""
     root = Path(root)
     transformer = pipeline.transformer
     family = family_of(pipeline)
@@ -73,8 +80,13 @@ def save_split_files(
             prefix + k: v for k, v in to_original(rows, transformer.state_dict()).items()
         }
     }
+    if companions_only:
+        assert not single_file, "a single file holds the transformer"
+        tensors = {}
     conditioner = getattr(pipeline, "text_conditioner", None)
-    if conditioner is not None:  # Anima's LLM adapter, inside its transformer's file
+    if (
+        conditioner is not None and not companions_only
+    ):  # Anima's LLM adapter, inside its transformer's file
         tensors["transformer"].update(
             {f"{prefix}llm_adapter.{k}": v for k, v in conditioner.state_dict().items()}
         )
