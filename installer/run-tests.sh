@@ -22,50 +22,79 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 export HALFSAFE_TORCH_SPEC="${HALFSAFE_TORCH_SPEC:-torch==2.13.0}"
-say "setting up HalfSafe with $HALFSAFE_TORCH_SPEC and the test tools"
-sh installer/halfsafe.sh --setup-only --dev
-venv="$(sh installer/halfsafe.sh --where)"
-bin="$venv/bin"
 
 # ComfyUI for the node package's tests (tests/comfyui): its source from ../shared/vendor and a
 # second environment like a user's ComfyUI one (its pure-Python requirements, HalfSafe installed
 # there without the window). Cached in .comfyui-test/ (ignored by git; HALFSAFE_COMFYUI_CACHE
 # names another folder) until the archive, the requirements or the torch build change. Without
-# the archive those tests are skipped.
+# the archive those tests are skipped. Its packages install while HalfSafe's own do (two pips
+# on two cores: 189 s for both, against about 400 s one after the other); HalfSafe itself goes
+# in once its own set-up is done, so that the two never build from this tree at once.
 comfy_archive="../shared/vendor/comfyui-0.29.0-4f874c5.tar.gz"
 comfy_cache="$(realpath -m "${HALFSAFE_COMFYUI_CACHE:-.comfyui-test}")"
+comfy_pid=""
 if [ -f "$comfy_archive" ]; then
-  # The very torch build HalfSafe's environment holds ("2.13.0+cpu"), pinned in the same pip
-  # command as everything else: no requirement can then make pip take another build (a CUDA
-  # one brings gigabytes of nvidia-* packages), and a pin it cannot meet fails the install.
-  comfy_torch="torch==$("$bin/python" -c 'import torch; print(torch.__version__)')"
-  comfy_stamp="$(cat "$comfy_archive" pyproject.toml comfyui-halfsafe/pyproject.toml | sha256sum | cut -c1-16) $comfy_torch"
+  comfy_stamp="$(cat "$comfy_archive" pyproject.toml comfyui-halfsafe/pyproject.toml | sha256sum | cut -c1-16) $HALFSAFE_TORCH_SPEC"
   if [ "$(cat "$comfy_cache/ready" 2>/dev/null)" != "$comfy_stamp" ]; then
-    say "setting up ComfyUI for the node package's tests in $comfy_cache/"
+    say "setting up ComfyUI for the node package's tests in $comfy_cache/ (beside HalfSafe's set-up)"
     comfy_started=$SECONDS
     rm -rf "$comfy_cache"
     mkdir -p "$comfy_cache"
-    tar -xzf "$comfy_archive" -C "$comfy_cache"
-    "$bin/python" -m venv "$comfy_cache/venv"
-    # torchvision/torchaudio have no CPU build for this torch (the tests stand in for them,
-    # import-only); the web frontend, templates and OpenGL are not needed here.
-    grep -v -E '^(torch|torchvision|torchaudio|comfyui-frontend-package|comfyui-workflow-templates|comfyui-embedded-docs|PyOpenGL|comfy-angle)([<>=~ ]|$)|^#|^\s*$' \
-      "$comfy_cache/ComfyUI/requirements.txt" >"$comfy_cache/requirements.txt"
-    torch_index=()
-    [ -n "${HALFSAFE_TORCH_INDEX:-}" ] && torch_index=(--extra-index-url "$HALFSAFE_TORCH_INDEX")
-    "$comfy_cache/venv/bin/python" -m pip install -q "${torch_index[@]}" "$comfy_torch" \
-      -r "$comfy_cache/requirements.txt" . 2>&1 | tee "$comfy_cache/pip.log"
-    # CUDA's runtime comes as nvidia-* packages (nvidia-ml-py is only NVML's Python binding,
-    # which HalfSafe itself requires); and a CPU torch names no CUDA version.
-    nvidia="$("$comfy_cache/venv/bin/python" -m pip list --format=freeze | grep -i '^nvidia-' | grep -vi '^nvidia-ml-py=' || true)"
-    cuda="$("$comfy_cache/venv/bin/python" -c 'import torch; print(torch.version.cuda or "")')"
-    if [ -n "$nvidia$cuda" ]; then
-      say "ComfyUI's test environment took a CUDA torch (${cuda:-} ${nvidia//$'\n'/ }): refusing it"
-      exit 1
-    fi
-    printf '%s' "$comfy_stamp" >"$comfy_cache/ready"
-    say "ComfyUI's test environment set up in $((SECONDS - comfy_started)) s"
+    # The Python the launcher takes (installer/halfsafe.sh): the first 3.10 or newer.
+    comfy_base=""
+    for candidate in "${HALFSAFE_PYTHON:-}" python3 python3.14 python3.13 python3.12 python3.11 python3.10 python; do
+      [ -n "$candidate" ] && command -v "$candidate" >/dev/null 2>&1 || continue
+      if "$candidate" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' >/dev/null 2>&1; then
+        comfy_base=$candidate
+        break
+      fi
+    done
+    (
+      tar -xzf "$comfy_archive" -C "$comfy_cache"
+      "${comfy_base:?no Python 3.10 or newer}" -m venv "$comfy_cache/venv"
+      # torchvision/torchaudio have no CPU build for this torch (the tests stand in for them,
+      # import-only); the web frontend, templates and OpenGL are not needed here.
+      grep -v -E '^(torch|torchvision|torchaudio|comfyui-frontend-package|comfyui-workflow-templates|comfyui-embedded-docs|PyOpenGL|comfy-angle)([<>=~ ]|$)|^#|^\s*$' \
+        "$comfy_cache/ComfyUI/requirements.txt" >"$comfy_cache/requirements.txt"
+      torch_index=()
+      [ -n "${HALFSAFE_TORCH_INDEX:-}" ] && torch_index=(--extra-index-url "$HALFSAFE_TORCH_INDEX")
+      # torch pinned in the same pip command as everything else: no requirement can then make
+      # pip take another build (a CUDA one brings gigabytes of nvidia-* packages).
+      "$comfy_cache/venv/bin/python" -m pip install -q "${torch_index[@]}" "$HALFSAFE_TORCH_SPEC" \
+        -r "$comfy_cache/requirements.txt"
+    ) >"$comfy_cache/pip.log" 2>&1 &
+    comfy_pid=$!
   fi
+fi
+
+say "setting up HalfSafe with $HALFSAFE_TORCH_SPEC and the test tools"
+sh installer/halfsafe.sh --setup-only --dev
+venv="$(sh installer/halfsafe.sh --where)"
+bin="$venv/bin"
+
+if [ -n "$comfy_pid" ]; then
+  if ! wait "$comfy_pid"; then
+    tail -n 40 "$comfy_cache/pip.log"
+    say "ComfyUI's test environment did not set up (above, the end of $comfy_cache/pip.log)"
+    exit 1
+  fi
+  comfy_python="$comfy_cache/venv/bin/python"
+  # HalfSafe's own requirements, with the torch build pinned again.
+  "$comfy_python" -m pip install -q "$HALFSAFE_TORCH_SPEC" . 2>&1 | tee -a "$comfy_cache/pip.log"
+  # The very torch build HalfSafe's environment holds ("2.13.0+cpu"): CUDA's runtime comes as
+  # nvidia-* packages (nvidia-ml-py is only NVML's Python binding, which HalfSafe itself
+  # requires), and a CPU torch names no CUDA version.
+  theirs="$("$comfy_python" -c 'import torch; print(torch.__version__, torch.version.cuda or "")')"
+  ours="$("$bin/python" -c 'import torch; print(torch.__version__, torch.version.cuda or "")')"
+  nvidia="$("$comfy_python" -m pip list --format=freeze | grep -i '^nvidia-' | grep -vi '^nvidia-ml-py=' || true)"
+  if [ "$theirs" != "$ours" ] || [ -n "$nvidia" ]; then
+    say "ComfyUI's test environment took torch $theirs ${nvidia//$'\n'/ } where HalfSafe's has $ours: refusing it"
+    exit 1
+  fi
+  printf '%s' "$comfy_stamp" >"$comfy_cache/ready"
+  say "ComfyUI's test environment set up in $((SECONDS - comfy_started)) s"
+fi
+if [ -f "$comfy_cache/ready" ] && [ -f "$comfy_archive" ]; then
   # HalfSafe as a user's ComfyUI gets it: a regular install, not an editable one (whose import
   # hook would hide that ComfyUI's own `app` package shadows HalfSafe's), made again each run
   # from this tree (without its dependencies: they are there), so the tests run today's core.
