@@ -55,11 +55,10 @@ def write_files(family: str, folder: Path) -> tuple[Path, Path, Path | None]:
     desktop's companions, and its transformer's config."""
     code = (
         "import sys; from tests.support.comfyui_families import DESKTOP_COMPANIONS, "
-        "write_desktop_folder, write_family_file as w\n"
+        "write_desktop_folder, write_family_files\n"
         "f, d = sys.argv[1], sys.argv[2]\n"
-        "planted, config = write_desktop_folder(f, d) if f in DESKTOP_COMPANIONS "
-        "else (w(f, d, True), '-')\n"
-        "print(planted, w(f, d, False), config)"
+        "print(*write_desktop_folder(f, d) if f in DESKTOP_COMPANIONS "
+        "else (*write_family_files(f, d)[:2], '-'))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, family, str(folder)],

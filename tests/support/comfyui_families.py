@@ -213,23 +213,40 @@ def family_adapter(seed: int = 1):
 def write_family_file(family: str, folder: str | Path, planted: bool) -> Path:
     """A `family` transformer file in fp16 under `folder`, with its query projection planted
     past fp16's range or not."""
-    return _written(family, folder, planted)[0]
+    transformer = family_transformer(family)
+    if planted:
+        _plant(family, transformer)
+    return _saved(family, transformer, Path(folder), planted)
 
 
-def _written(family: str, folder: str | Path, planted: bool) -> tuple[Path, dict[str, Any]]:
-    """`write_family_file`'s file, and the transformer's config with its class's name."""
-    import torch
-
-    from app.core.checkpoint import write_safetensors
-
+def write_family_files(
+    family: str, folder: str | Path, planted_in: str | Path | None = None
+) -> tuple[Path, Path, dict[str, Any]]:
+    """`write_family_file`'s healthy file under `folder`, then its planted one under
+    `planted_in` (else `folder`), both from one transformer drawn once (a released width's
+    draw is most of the time its files take). Returns the planted and the healthy file, and
+    the transformer's config with its class's name."""
     transformer = family_transformer(family)
     config = {**transformer.config, "_class_name": type(transformer).__name__}
-    if planted:
-        layer = transformer.get_submodule(FAMILY_FILES[family].planted)
-        assert isinstance(layer, torch.nn.Linear)
-        layer.weight.mul_(PLANT_SCALE)
+    healthy = _saved(family, transformer, Path(folder), False)
+    _plant(family, transformer)
+    planted = _saved(family, transformer, Path(planted_in or folder), True)
+    return planted, healthy, config
+
+
+def _plant(family: str, transformer) -> None:
+    import torch
+
+    layer = transformer.get_submodule(FAMILY_FILES[family].planted)
+    assert isinstance(layer, torch.nn.Linear)
+    layer.weight.mul_(PLANT_SCALE)
+
+
+def _saved(family: str, transformer, folder: Path, planted: bool) -> Path:
+    from app.core.checkpoint import write_safetensors
+
     name = f"{family}_{'planted' if planted else 'healthy'}.safetensors"
-    path = save_transformer_file(transformer, Path(folder) / name)
+    path = save_transformer_file(transformer, folder / name)
     if family == "anima":  # the LLM adapter beside the DiT, as Anima's file keeps it
         from safetensors.torch import load_file
 
@@ -237,7 +254,7 @@ def _written(family: str, folder: str | Path, planted: bool) -> tuple[Path, dict
         state = load_file(str(path))
         state.update({f"llm_adapter.{k}": v.half() for k, v in adapter.state_dict().items()})
         write_safetensors(path, state)
-    return path, config
+    return path
 
 
 # The tiny text encoder and VAE the desktop loads beside a released-width file, the encoder as
@@ -251,11 +268,12 @@ DESKTOP_COMPANIONS = {
 }
 
 
-def write_desktop_folder(family: str, folder: str | Path) -> tuple[Path, Path]:
-    """The planted `family` file in a ComfyUI models folder under `folder` (its
-    diffusion_models/), with the companions the desktop loads it with (`DESKTOP_COMPANIONS`) in
-    their folders; and beside it, the planted transformer's config with its class's name (for
-    the layout's layer names), as JSON. Returns the file and the config's path."""
+def write_desktop_folder(family: str, folder: str | Path) -> tuple[Path, Path, Path]:
+    """`write_family_files` under `folder`, the planted file in a ComfyUI models folder there
+    (its diffusion_models/) with the companions the desktop loads it with
+    (`DESKTOP_COMPANIONS`) in their folders; and beside them, the planted transformer's config
+    with its class's name (for the layout's layer names), as JSON. Returns the planted file,
+    the healthy one and the config's path."""
     import json
 
     from tests.support import tiny_models
@@ -263,7 +281,7 @@ def write_desktop_folder(family: str, folder: str | Path) -> tuple[Path, Path]:
 
     models = Path(folder) / "models"
     (models / "diffusion_models").mkdir(parents=True, exist_ok=True)
-    file, config = _written(family, models / "diffusion_models", True)
+    planted, healthy, config = write_family_files(family, folder, models / "diffusion_models")
     builder, encoder, sizes = DESKTOP_COMPANIONS[family]
     pipeline = getattr(tiny_models, builder)()
     pipeline.text_encoder = getattr(tiny_models, encoder)(2, **sizes)
@@ -272,4 +290,4 @@ def write_desktop_folder(family: str, folder: str | Path) -> tuple[Path, Path]:
     save_split_files(pipeline, models, companions_only=True)
     written = Path(folder) / f"{family}_planted_config.json"
     written.write_text(json.dumps(config), encoding="utf-8")
-    return file, written
+    return planted, healthy, written
