@@ -39,6 +39,41 @@ def _seeded(seed: int):
     torch.manual_seed(seed)
 
 
+# A text encoder at most this large is kept for its next build (`_kept`).
+KEPT_BYTES = 128 << 20
+
+
+def _kept(build: Callable[..., Any]) -> Callable[..., Any]:
+    """`build`, a text encoder's builder that seeds torch's generator first and draws only from
+    it, remembered per process by its arguments: a later build with the same ones is a copy of
+    the first, and leaves torch's generator where the build left it, so that the draws after it
+    are the same too. Drawing the real vocabularies' embeddings (Qwen's 151,669 rows, twice
+    with an LM head) was most of the time a family's tiny pipeline took to build; a copy is a
+    few milliseconds. Encoders past `KEPT_BYTES` (a released width's) are built each time."""
+    kept: dict[Any, tuple[Any, Any]] = {}
+
+    @functools.wraps(build)
+    def built(*args: Any, **kwargs: Any) -> Any:
+        import copy
+
+        import torch
+
+        key = (args, tuple(sorted(kwargs.items())))
+        if key in kept:
+            model, state = kept[key]
+            torch.set_rng_state(state)
+            return copy.deepcopy(model)
+        model = build(*args, **kwargs)
+        state = torch.get_rng_state()
+        size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        if size <= KEPT_BYTES:
+            kept[key] = (copy.deepcopy(model), state)
+        return model
+
+    return built
+
+
+@_kept
 def tiny_text_encoder(
     seed: int,
     hidden: int = 32,
@@ -146,6 +181,7 @@ _FOUR_LEVELS: dict[str, Any] = {
 _UNTIED: dict[str, Any] = {"tie_word_embeddings": False}
 
 
+@_kept
 def tiny_t5(seed: int, hidden: int = 32, layers: int = 2):
     """A T5 v1.1-shaped encoder (gated-GELU feed-forward, as T5-XXL) with the real vocabulary
     size, so the shipped tokenizer's ids fit."""
@@ -330,6 +366,7 @@ QWENIMAGE_SCHEDULER_CONFIG: dict[str, Any] = {
 QWEN_VOCAB = 151669  # the tokenizer's entries with its special tokens: every id it gives fits
 
 
+@_kept
 def tiny_qwen3(seed: int, hidden: int = 32, layers: int = 2):
     """A Qwen3-shaped decoder (Z-Image's text encoder: its hidden states, no LM head) with the
     real vocabulary size and Qwen3-4B's rotary base and norms."""
@@ -351,6 +388,7 @@ def tiny_qwen3(seed: int, hidden: int = 32, layers: int = 2):
     return Qwen3Model(config).eval()
 
 
+@_kept
 def tiny_qwen25_vl(seed: int, hidden: int = 64, layers: int = 2):
     """A Qwen2.5-VL-shaped model (Qwen-Image's text encoder) with a tiny vision tower, the real
     vocabulary size, Qwen2.5-VL-7B's rotary base and norms and multimodal rotary sections in
@@ -515,6 +553,7 @@ def mistral3_stand_in_tokenizer():
     return tokenizer
 
 
+@_kept
 def tiny_mistral3(seed: int, hidden: int = 32, layers: int = 31):
     """A Mistral3ForConditionalGeneration (Flux.2 dev's text encoder) with a tiny Pixtral vision
     tower and T5's vocabulary size (its stand-in tokenizer's ids fit); deep enough for the layers
@@ -556,6 +595,7 @@ def tiny_mistral3(seed: int, hidden: int = 32, layers: int = 31):
     return Mistral3ForConditionalGeneration(config).eval()
 
 
+@_kept
 def tiny_qwen3_causal(seed: int, hidden: int = 32, layers: int = 28):
     """The Z-Image tiny Qwen3's config with its LM head (Qwen3ForCausalLM, as Flux.2 Klein's
     pipeline holds it), deep enough for the layers Klein reads (9, 18, 27)."""
@@ -654,6 +694,7 @@ QWENIMAGE21_SCHEDULER_CONFIG: dict[str, Any] = {
 }
 
 
+@_kept
 def tiny_qwen3_vl(seed: int, hidden: int = 64, layers: int = 2):
     """A Qwen3-VL-shaped model (Qwen-Image 2.1's text encoder) with a one-block vision tower (one
     deepstack merger),
@@ -834,6 +875,7 @@ KREA2_SCHEDULER_CONFIG: dict[str, Any] = {
 KREA2_TINY_TAPS = (1, 2, 3)
 
 
+@_kept
 def tiny_qwen3_vl_4b(seed: int, hidden: int = 32, layers: int = 4):
     """A Qwen3-VL-4B-shaped model (Krea 2's text encoder, read as a Qwen3VLModel; Qwen-Image
     2.1's 8B-shaped one, a Qwen3VLForConditionalGeneration, is `tiny_qwen3_vl`) with a one-block
@@ -992,6 +1034,7 @@ def build_tiny_anima_pipeline(seed: int = 0, layers: int = 2):
 # FLUX.3 -------------------------------------------------------------------------------------
 
 
+@_kept
 def tiny_flux3_text_encoder(seed: int, hidden: int = 32):
     """Qwen3-VL-4B's shape as FLUX.3 reads it (a Qwen3VLForConditionalGeneration, its LM head
     tied): `tiny_qwen3_vl_4b`'s config with all 36 layers, so that the eight FLUX.3 reads
@@ -1024,6 +1067,7 @@ def tiny_flux3_transformer(seed: int, distilled: bool, text: int = 8 * 32):
     ).eval()
 
 
+@_kept
 def tiny_prompt_upsampler(seed: int, hidden: int = 32):
     """A Qwen3.5-shaped prompt upsampler (FLUX.3's, a Qwen3_5ForConditionalGeneration): two
     decoder layers, one of each kind Qwen3.5 interleaves (a gated delta-net linear attention,
