@@ -133,26 +133,36 @@ def _table_rows(text: str) -> list[list[str]]:
     ]
 
 
-@pytest.mark.slow  # nine steps, a process each: 90 s of CPU; 4-5 min on a busy 2-core VM
-def test_the_dry_run_writes_every_steps_figures_and_the_cost_table(tmp_path):
+def _dry_run(half: str, tmp_path: Path) -> Path:
+    """One half of the round on the CPU with the tiny models (`--tiny`), every step exit 0 with
+    its figures and the machine's torch; the docs page untouched. Returns the output folder."""
     if shutil.which("timeout") is None:
         pytest.skip("coreutils' timeout is not there")
     out = tmp_path / "round"
     docs_before = (ROOT / "docs" / "benchmarks.md").read_text()
-    for half in HALVES:
-        done = subprocess.run(
-            ["bash", str(ROUND), half, str(out), "--device", "cpu", "--tiny"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=900,
-            env={**os.environ, "PYTHON": sys.executable, "LOGS": str(tmp_path)},
-        )
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        for name in steps_of(half):
-            assert f"== {name}: exit 0," in done.stdout, done.stdout[-4000:]
-            document = json.loads((out / f"{name}.json").read_text())
-            assert document["machine"]["torch"]
+    done = subprocess.run(
+        ["bash", str(ROUND), half, str(out), "--device", "cpu", "--tiny"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHON": sys.executable, "LOGS": str(tmp_path)},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for name in steps_of(half):
+        assert f"== {name}: exit 0," in done.stdout, done.stdout[-4000:]
+        document = json.loads((out / f"{name}.json").read_text())
+        assert document["machine"]["torch"]
+    # The cost model's table goes in the copy of the page the dry run writes, not in the page.
+    assert (ROOT / "docs" / "benchmarks.md").read_text() == docs_before
+    return out
+
+
+# Each half on its own (a worker each), as the round runs them: four and five steps, a process
+# each, 1-2 min of CPU apiece and a few minutes on a busy 2-core VM.
+@pytest.mark.slow
+def test_the_dry_run_of_the_check_half_writes_its_figures_and_the_cost_table(tmp_path):
+    out = _dry_run("check", tmp_path)
     # What each step was there to measure.
     health = json.loads((out / "health-sd1.json").read_text())["results"][0]
     assert health["generation"] == "app" and health["verdict"] == "healthy"
@@ -161,6 +171,21 @@ def test_the_dry_run_writes_every_steps_figures_and_the_cost_table(tmp_path):
     assert planted["verdict"] == "fixable"
     assert {"first_finding", "proved_fix", "verdict"} <= set(planted["work"]["milestones"])
     assert planted["work"]["calls"]["unet"]
+    rows = _table_rows((out / "benchmarks.md").read_text())
+    head, rule, body = rows[0], rows[1], rows[2:]
+    assert head[-2:] == ["RTX 2060 ms", "RTX 3060 ms"] and "error left out" in head
+    assert all(cell.startswith("---") for cell in rule)
+    fitted = json.loads((out / "cost-model.json").read_text())
+    assert len(body) == len(fitted["points"]) == 2 * len(cost_model.TINY_SIZES)
+    for row in body:
+        assert len(row) == len(head)
+        assert row[0] in ("sd1", "sdxl")
+        assert float(row[-1].split()[0]) > 0 and float(row[-2].split()[0]) > 0
+
+
+@pytest.mark.slow
+def test_the_dry_run_of_the_generate_half_writes_its_figures(tmp_path):
+    out = _dry_run("generate", tmp_path)
     truth = json.loads((out / "fix-cost-truth.json").read_text())["cases"][0]
     assert truth["stated_step_ms"] > 0 and truth["generation_step_ms"] > 0
     guards = json.loads((out / "island-guards.json").read_text())["rows"]
@@ -173,15 +198,3 @@ def test_the_dry_run_writes_every_steps_figures_and_the_cost_table(tmp_path):
     option_b = json.loads((out / "option-b.json").read_text())
     assert option_b["cases"][0]["case"] == "sd1-tiny-64px"
     assert option_b["summary"]["denoiser_proofs"] >= 1
-    # The cost model's table, in the copy of the page the dry run writes, not in the page.
-    assert (ROOT / "docs" / "benchmarks.md").read_text() == docs_before
-    rows = _table_rows((out / "benchmarks.md").read_text())
-    head, rule, body = rows[0], rows[1], rows[2:]
-    assert head[-2:] == ["RTX 2060 ms", "RTX 3060 ms"] and "error left out" in head
-    assert all(cell.startswith("---") for cell in rule)
-    fitted = json.loads((out / "cost-model.json").read_text())
-    assert len(body) == len(fitted["points"]) == 2 * len(cost_model.TINY_SIZES)
-    for row in body:
-        assert len(row) == len(head)
-        assert row[0] in ("sd1", "sdxl")
-        assert float(row[-1].split()[0]) > 0 and float(row[-2].split()[0]) > 0
