@@ -8,6 +8,7 @@ FLUX.3 or Flux.2 Klein folder (tests/support/tiny_models.py) saved as diffusers 
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -97,19 +98,43 @@ GENERATION_CONFIGS: dict[str, dict[str, object]] = {
 
 def flux3_folder(path: Path, upsampler: bool = True) -> Path:
     """The tiny distilled FLUX.3 (with its prompt upsampler where `upsampler`) as a folder."""
-    from tests.support.tiny_models import build_tiny_flux3_pipeline
-
-    build_tiny_flux3_pipeline(distilled=True, upsampler=upsampler).save_pretrained(path)
-    return path
+    return _copied(path, "flux3", upsampler)
 
 
 def flux2_klein_folder(path: Path) -> Path:
     """The tiny distilled Flux.2 Klein as a folder: diffusers reads its tokenizer (and chat
     template, in tokenizer_config.json) from it."""
-    from tests.support.tiny_models import build_tiny_flux2_klein_pipeline
+    return _copied(path, "flux2_klein", False)
 
-    build_tiny_flux2_klein_pipeline(distilled=True).save_pretrained(path)
+
+def _copied(path: Path, model: str, upsampler: bool) -> Path:
+    """A copy at `path` of the folder `_saved` wrote once in this process (two of Qwen's
+    151,669-token tokenizers took seconds to save, for every test that changes one file)."""
+    import shutil
+
+    shutil.copytree(_saved(model, upsampler), path)
     return path
+
+
+@functools.cache
+def _saved(model: str, upsampler: bool) -> Path:
+    import atexit
+    import shutil
+    import tempfile
+
+    from tests.support.tiny_models import (
+        build_tiny_flux2_klein_pipeline,
+        build_tiny_flux3_pipeline,
+    )
+
+    folder = Path(tempfile.mkdtemp(prefix=f"halfsafe-{model}-"))
+    atexit.register(shutil.rmtree, folder, True)
+    if model == "flux3":
+        pipeline = build_tiny_flux3_pipeline(distilled=True, upsampler=upsampler)
+    else:
+        pipeline = build_tiny_flux2_klein_pipeline(distilled=True)
+    pipeline.save_pretrained(folder / "model")
+    return folder / "model"
 
 
 def write_template(folder: Path, file: str, template: str) -> Path:
