@@ -33,6 +33,7 @@ from app.core.precision.streaming import (
     wanted_dtypes,
 )
 from app.core.precision.transfer import moved_as
+from app.core.precision.twin import module_twin
 
 # A dropped placed copy holding this many bytes of its own (not shared with the loaded model) or
 # more is freed at once by a collection (see `PlacedPipeline._drop`); a collection takes a
@@ -270,7 +271,7 @@ def _copy_as(source, device, dtype, islands: Mapping[str, str] | None = None):
         if isinstance(tensor, torch.nn.Parameter):
             twin = torch.nn.Parameter(twin, requires_grad=False)
         converted[id(tensor)] = twin
-    return copy.deepcopy(source, converted)
+    return module_twin(source, converted)
 
 
 def tensor_bytes(module, shared_with=None) -> int:

@@ -21,7 +21,6 @@ copies every weight back to the CPU each time it lets a group go.
 
 from __future__ import annotations
 
-import copy
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Any
 from app.core.hooks import Hooks
 from app.core.precision.plan import torch_dtype
 from app.core.precision.transfer import cuda_free_bytes, moved_as
+from app.core.precision.twin import module_twin
 
 
 def wanted_dtypes(source, dtype, islands: Mapping[str, str]) -> dict[int, Any]:
@@ -169,7 +169,7 @@ def streamed_copy(source, device, dtype, islands=None) -> tuple[Any, Sizes]:
         if isinstance(tensor, torch.nn.Parameter):
             twin = torch.nn.Parameter(twin, requires_grad=False)
         converted[id(tensor)] = twin
-    module = copy.deepcopy(source, converted)
+    module = module_twin(source, converted)
     streamed = sizes(source, dtype, islands)
     for index, path in enumerate(paths):
         block, loaded = module.get_submodule(path), source.get_submodule(path)
