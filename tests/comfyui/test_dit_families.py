@@ -28,7 +28,7 @@ import pytest
 
 from tests.support.comfyui_env import COMFYUI, NEEDS_COMFYUI, PACKAGE, PYTHON
 from tests.support.comfyui_families import DESKTOP_COMPANIONS, FAMILY_FILES
-from tests.support.desktop_check import desktop_check
+from tests.support.desktop_check import assert_same_layer_and_fix, desktop_check
 
 ROOT = Path(__file__).resolve().parents[2]
 ZEROS = "No CLIP connected: the text was zeros of the model's own text width."
@@ -158,28 +158,5 @@ def test_the_node_and_the_desktop_name_the_same_layer_and_fix(driven):
     (layout,) = [f.layout for f in FAMILIES if f.transformer_class == config["_class_name"]]
     names = LayerNames(layout.table(config))
 
-    assert report["verdict"] == "fixable" and report["fix"]["verified"]
-    assert [n for n, c in report["components"].items() if c.get("first_bad_module")] == [
-        "transformer"
-    ]
-    text, fix = found["check"]["text"], found["check"]["fix"]
-    assert "Checked: diffusion model fixable." in text and fix["component"] is None
-    # The first bad layer: the desktop's, in the file's layout, is the node's.
-    mapped = names.to_original(report["components"]["transformer"]["first_bad_module"])
-    assert mapped is not None and mapped.paths == (FAMILY_FILES[family].comfyui_layer,)
-    # The fix: the node's island holds what the desktop keeps wider or clamps.
-    (island,) = fix["islands"]
-    settings = report["fix"]["settings"]
-    kept = [
-        e.removeprefix("transformer:")
-        for key in ("fp32_modules", "bf16_modules", "clamp_modules")
-        for e in settings.get(key, [])
-    ]
-    assert kept, settings
-    for path in kept:
-        there = names.to_original(path)
-        assert there is not None
-        assert all(p == island or p.startswith(island + ".") for p in there.paths), (path, island)
-    back = names.to_diffusers(island)
-    assert back is not None
-    assert all(any(p == b or p.startswith(b + ".") for b in back.paths) for p in kept), back
+    layer = FAMILY_FILES[family].comfyui_layer
+    assert_same_layer_and_fix(report, found["check"], layer, names)

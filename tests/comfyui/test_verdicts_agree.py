@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.comfyui_env import NEEDS_COMFYUI, run_driver
-from tests.support.desktop_check import desktop_check
+from tests.support.desktop_check import assert_same_layer_and_fix, desktop_check
 
 BUILDERS = {  # the family's tiny pipeline, with its text as wide as the transformer reads it
     "flux2klein": ("build_tiny_flux2_klein_pipeline", {}),
@@ -100,36 +100,10 @@ def test_the_node_and_the_desktop_name_the_same_layer_and_fix(family, tmp_path):
     report = desktop_check(file, tmp_path / "desktop")
     found = run_driver("drive_dit_store.py", [str(file), "check"], tmp_path / "node")
 
-    # The verdict and the component.
-    assert report["verdict"] == "fixable" and report["fix"]["verified"]
-    assert [n for n, c in report["components"].items() if c.get("first_bad_module")] == [
-        "transformer"
-    ]
-    text, fix = found["check"]["text"], found["check"]["fix"]
-    assert "Checked: diffusion model fixable." in text and fix["component"] is None
-    # The first bad layer: the desktop's, in the file's layout, is the node's.
-    desktop_layer = report["components"]["transformer"]["first_bad_module"]
-    mapped = names.to_original(desktop_layer)
-    assert mapped is not None
+    # The verdict, the component, the first bad layer, and the fix inside the node's island.
+    text = found["check"]["text"]
     node_layer = text.split("First bad layer: diffusion_model.")[1].split()[0].rstrip(".")
-    assert mapped.paths == (node_layer,), (desktop_layer, node_layer)
-    # The fix: the node's island holds what the desktop keeps wider or clamps, and nothing
-    # past the block both name.
-    (island,) = fix["islands"]
-    settings = report["fix"]["settings"]
-    kept = [
-        e.removeprefix("transformer:")
-        for key in ("fp32_modules", "bf16_modules", "clamp_modules")
-        for e in settings.get(key, [])
-    ]
-    assert kept, settings
-    for path in kept:
-        there = names.to_original(path)
-        assert there is not None
-        assert all(p == island or p.startswith(island + ".") for p in there.paths), (path, island)
-    back = names.to_diffusers(island)
-    assert back is not None
-    assert all(any(p == b or p.startswith(b + ".") for b in back.paths) for p in kept), back
+    assert_same_layer_and_fix(report, found["check"], node_layer, names)
 
 
 # Where the SDXL checkpoint's planted region sits in ComfyUI's names (HalfSafe's on the left).

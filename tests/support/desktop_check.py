@@ -86,3 +86,35 @@ def desktop_check(checkpoint: Path, home: Path, size: int = 64, quick: bool = Tr
         return json.loads(done.stdout)
     except json.JSONDecodeError:
         raise AssertionError(f"no report on stdout: {done.stderr[-4000:]}") from None
+
+
+def assert_same_layer_and_fix(report: dict, node_check: dict, node_layer: str, names) -> None:
+    """The desktop's `report` and the check node's result (`node_check`: its text and fix) on
+    one planted transformer file: both say the diffusion model alone is fixable; the desktop's
+    first bad layer, mapped into the file's layout by `names` (the layout's
+    `app.core.formats.layer_names.LayerNames`), is `node_layer`; and what the desktop keeps
+    wider or clamps lies inside the node's one island, which maps back over all of it."""
+    assert report["verdict"] == "fixable" and report["fix"]["verified"]
+    assert [n for n, c in report["components"].items() if c.get("first_bad_module")] == [
+        "transformer"
+    ]
+    text, fix = node_check["text"], node_check["fix"]
+    assert "Checked: diffusion model fixable." in text and fix["component"] is None
+    desktop_layer = report["components"]["transformer"]["first_bad_module"]
+    mapped = names.to_original(desktop_layer)
+    assert mapped is not None and mapped.paths == (node_layer,), (desktop_layer, node_layer)
+    (island,) = fix["islands"]
+    settings = report["fix"]["settings"]
+    kept = [
+        e.removeprefix("transformer:")
+        for key in ("fp32_modules", "bf16_modules", "clamp_modules")
+        for e in settings.get(key, [])
+    ]
+    assert kept, settings
+    for path in kept:
+        there = names.to_original(path)
+        assert there is not None
+        assert all(p == island or p.startswith(island + ".") for p in there.paths), (path, island)
+    back = names.to_diffusers(island)
+    assert back is not None
+    assert all(any(p == b or p.startswith(b + ".") for b in back.paths) for p in kept), back
