@@ -97,8 +97,11 @@ fi
 if [ -f "$comfy_cache/ready" ] && [ -f "$comfy_archive" ]; then
   # HalfSafe as a user's ComfyUI gets it: a regular install, not an editable one (whose import
   # hook would hide that ComfyUI's own `app` package shadows HalfSafe's), made again each run
-  # from this tree (without its dependencies: they are there), so the tests run today's core.
-  "$comfy_cache/venv/bin/python" -m pip install -q --no-deps --force-reinstall --no-build-isolation .
+  # from this tree (without its dependencies: they are there), so the tests run today's core;
+  # a set-up just above has installed this very tree already.
+  if [ -z "$comfy_pid" ]; then
+    "$comfy_cache/venv/bin/python" -m pip install -q --no-deps --force-reinstall --no-build-isolation .
+  fi
   export HALFSAFE_COMFYUI="$comfy_cache/ComfyUI"
   export HALFSAFE_COMFYUI_PYTHON="$comfy_cache/venv/bin/python"
 fi
