@@ -4,8 +4,9 @@ time.
 A placement copies each component it changes: every module of the tree once, its parameters
 and buffers the twins `converted` maps them to by `id` (cast, moved, or the source's own
 tensors shared). `copy.deepcopy` reaches the same result by walking every value of every
-module's `__dict__` through its generic protocol: 20,000 calls and 0.2 s for a tiny SDXL UNet
-of 346 modules, a second for a released SDXL UNet's, on every placement of every check.
+module's `__dict__` through its generic protocol: 20,000 calls for a tiny SDXL UNet of 346
+modules, 0.25 s for an SD1.5-shaped UNet's 708 (0.05 s here), on every placement of every
+check and generation.
 
 Here each module is rebuilt as deepcopy rebuilds it (the class's `__new__`, its
 `__getstate__` as the state, its `__setstate__` to set it), with the three tables torch keeps
