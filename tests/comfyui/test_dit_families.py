@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -94,9 +95,12 @@ def driven(request, tmp_path_factory) -> tuple[str, dict]:
             (work / "desktop").mkdir()
             found["desktop"] = desktop_check(planted, work / "desktop")
             found["desktop_config"] = json.loads(config.read_text(encoding="utf-8"))
-    finally:  # up to 2.2 GB a file: not kept for the session's end
-        planted.unlink()
+    finally:  # up to 2.4 GB a file (Qwen-Image's companion encoder): not kept for the
+        # session's end, where pytest would remove them, so that the suite holds one family's
+        # files at a time on the disk
         healthy.unlink()
+        planted.unlink()
+        shutil.rmtree(work / "models", ignore_errors=True)
     return family, found
 
 
