@@ -132,6 +132,19 @@ def load(model) -> None:
     mm.load_models_gpu([model])
 
 
+def put_back(model) -> None:
+    """`model`'s own layers in the diffusion model its clones share, after a clone of it (a fix
+    tried, a part checked with a fix on, a run sampled again) was loaded last. That clone's
+    object patches (its layers kept wider) stay in the shared model after it is gone: ComfyUI
+    hands its loaded entry to `model`, the clone's parent, and takes them out only when a job
+    loads `model` again. Loading it here, as that job would, gives the MODEL passed in its own
+    layers back at once and lets the copies go. Nothing is loaded where no clone of it is."""
+    mm, _, _ = _api()
+    loaded = [m.model for m in mm.current_loaded_models]
+    if any(other is not None and model.is_clone(other) for other in loaded):
+        mm.load_models_gpu([model])
+
+
 def one_call(model, width: int, height: int, steps: int, seed: int, clip=None) -> DenoiserCall:
     """Run one denoiser call of `model` as ComfyUI's sampler makes it (the first step's sigma
     of `steps` on the normal schedule, the seed's noise, the empty prompt or zeros for the

@@ -4,6 +4,7 @@ output instead of an error that stops the queue."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -81,6 +82,10 @@ class HalfSafeCheck:
                 text = "\n".join([*lines, *unsaid, summary])
         except Exception as error:  # never stop the user's queue
             text = _one_sentence(error)
+        finally:  # the fixes tried ran on clones: the MODEL passed in holds its own layers
+            # again (a failure here is the next job's load's to report, as ComfyUI does it)
+            with contextlib.suppress(Exception):
+                host.put_back(model)
         image = report_image.render(text, verdict)
         return {"ui": {"text": [text]}, "result": (text, image, fix)}
 

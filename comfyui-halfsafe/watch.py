@@ -157,7 +157,7 @@ class Watch:
         if shapes is not None and len(shapes) > 1:
             finding.repair = "A run of several latents is not sampled again."
             return None
-        from . import attention, store
+        from . import attention, host, store
 
         patcher = guider.model_patcher
         notes: list[str] = []
@@ -182,6 +182,7 @@ class Watch:
                 still = False
         finally:
             self.repairing, self.calls, self.blocks = False, [], {}
+        host.put_back(patcher)  # the fix's layers out of the model the clones share
         if still:
             finding.repair = f"Sampled again with the fix {source} ({done}): still non-finite."
             return None

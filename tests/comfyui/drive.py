@@ -266,8 +266,12 @@ def repaired(nodes, model, cond=None, latent=None) -> dict:
     from app.core.fixing.quality import compare
 
     host = sys.modules["comfyui_halfsafe.host"]
+    # As a job loads it: an earlier run of a fixed clone (the watch with the fix connected)
+    # leaves its layers kept wider in the model the clones share until then.
+    host.load(model)
     before = weights_digest(model)
     found = watch(nodes, model, cond, latent, repair=True)
+    untouched = model.object_patches == {} and weights_digest(model) == before
     plain, fixed = found.pop("outputs")
     wide = model.clone()
     host.apply_component(wide, "fp32")
@@ -276,7 +280,7 @@ def repaired(nodes, model, cond=None, latent=None) -> dict:
         plain_finite=finite(plain),
         repaired_finite=finite(fixed),
         repaired_db=compare(fixed, reference).value,
-        untouched=model.object_patches == {} and weights_digest(model) == before,
+        untouched=untouched,  # before the reference's run loads another clone
     )
     return found
 
