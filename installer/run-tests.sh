@@ -22,6 +22,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 export HALFSAFE_TORCH_SPEC="${HALFSAFE_TORCH_SPEC:-torch==2.13.0}"
+# The test environments' installs write no bytecode for the 13,000 modules they unpack (about
+# 37 s of one core each, measured here): the few hundred the tests import compile when first
+# imported. Only for the installs below: the launcher's own tests install as a user's does.
+quick_pip=(env PIP_COMPILE=0)  # pip reads it as --compile off (PIP_NO_COMPILE=1 would turn it on)
 
 # ComfyUI for the node package's tests (tests/comfyui): its source from ../shared/vendor and a
 # second environment like a user's ComfyUI one (its pure-Python requirements, HalfSafe installed
@@ -60,7 +64,7 @@ if [ -f "$comfy_archive" ]; then
       [ -n "${HALFSAFE_TORCH_INDEX:-}" ] && torch_index=(--extra-index-url "$HALFSAFE_TORCH_INDEX")
       # torch pinned in the same pip command as everything else: no requirement can then make
       # pip take another build (a CUDA one brings gigabytes of nvidia-* packages).
-      "$comfy_cache/venv/bin/python" -m pip install -q "${torch_index[@]}" "$HALFSAFE_TORCH_SPEC" \
+      "${quick_pip[@]}" "$comfy_cache/venv/bin/python" -m pip install -q "${torch_index[@]}" "$HALFSAFE_TORCH_SPEC" \
         -r "$comfy_cache/requirements.txt"
     ) >"$comfy_cache/pip.log" 2>&1 &
     comfy_pid=$!
@@ -68,7 +72,7 @@ if [ -f "$comfy_archive" ]; then
 fi
 
 say "setting up HalfSafe with $HALFSAFE_TORCH_SPEC and the test tools"
-sh installer/halfsafe.sh --setup-only --dev
+"${quick_pip[@]}" sh installer/halfsafe.sh --setup-only --dev
 venv="$(sh installer/halfsafe.sh --where)"
 bin="$venv/bin"
 
@@ -80,7 +84,7 @@ if [ -n "$comfy_pid" ]; then
   fi
   comfy_python="$comfy_cache/venv/bin/python"
   # HalfSafe's own requirements, with the torch build pinned again.
-  "$comfy_python" -m pip install -q "$HALFSAFE_TORCH_SPEC" . 2>&1 | tee -a "$comfy_cache/pip.log"
+  "${quick_pip[@]}" "$comfy_python" -m pip install -q "$HALFSAFE_TORCH_SPEC" . 2>&1 | tee -a "$comfy_cache/pip.log"
   # The very torch build HalfSafe's environment holds ("2.13.0+cpu"): CUDA's runtime comes as
   # nvidia-* packages (nvidia-ml-py is only NVML's Python binding, which HalfSafe itself
   # requires), and a CPU torch names no CUDA version.
@@ -100,7 +104,7 @@ if [ -f "$comfy_cache/ready" ] && [ -f "$comfy_archive" ]; then
   # from this tree (without its dependencies: they are there), so the tests run today's core;
   # a set-up just above has installed this very tree already.
   if [ -z "$comfy_pid" ]; then
-    "$comfy_cache/venv/bin/python" -m pip install -q --no-deps --force-reinstall --no-build-isolation .
+    "${quick_pip[@]}" "$comfy_cache/venv/bin/python" -m pip install -q --no-deps --force-reinstall --no-build-isolation .
   fi
   export HALFSAFE_COMFYUI="$comfy_cache/ComfyUI"
   export HALFSAFE_COMFYUI_PYTHON="$comfy_cache/venv/bin/python"
