@@ -320,11 +320,16 @@ def scaled_rows(packed, scale) -> torch.Tensor:
 
 def unrotate(values, group: int) -> torch.Tensor:
     """Rows of dequantised ConvRot values (float32) in their own basis: each group of `group`
-    values times H (its own inverse), in float32, then rounded once to MEANING_DTYPE."""
+    values times H (its own inverse), in float32, then rounded once to MEANING_DTYPE.
+
+    Times H's transpose (H is symmetric), as comfy-kitchen's decoding multiplies: the same
+    product with the same strides, so that the float32 sums add in the same order. With H
+    itself, a CPU's BLAS may order a 4-wide group's sum otherwise (an AMD EPYC did), and a
+    rounding to bf16 then differs by one step in some values from what ComfyUI decodes."""
     rows, columns = values.shape
     matrix = hadamard(group, values.device)
     grouped = values.to(torch.float32).reshape(rows, columns // group, group)
-    return torch.matmul(grouped, matrix).reshape(rows, columns).to(MEANING_DTYPE)
+    return torch.matmul(grouped, matrix.T).reshape(rows, columns).to(MEANING_DTYPE)
 
 
 def rotate_input(x, group: int) -> torch.Tensor:
